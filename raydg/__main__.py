@@ -1,0 +1,3 @@
+from raydg.cli import main
+
+main()

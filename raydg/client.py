@@ -1,0 +1,167 @@
+"""Client-side runtime: plain Python objects that Ray wraps as actors (see :mod:`raydg.actors`).
+
+A :class:`ClientHost` holds one or more clients: their data shards and their persistent state
+(local tensors and method memory) for the whole run, plus one working model that it loads with
+a client's weights whenever that client trains or evaluates. An :class:`Evaluator` holds the
+held-out target domain, which no client ever sees.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from raydg import seeding
+from raydg import state as st
+from raydg.config import RunConfig
+from raydg.datasets import to_inputs
+from raydg.errors import RaydgError
+from raydg.methods import METHODS, ClientContext, Method, Upload
+from raydg.models import ModelSpec
+from raydg.partition import ClientData
+
+
+def pick_device(gpus: float) -> torch.device:
+    if gpus <= 0:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RaydgError("gpus_per_actor > 0 but this worker sees no CUDA device")
+    return torch.device("cuda")
+
+
+@dataclass
+class ClientSlot:
+    data: ClientData
+    local: st.State | None = None  # the client's own copy of the method's local keys
+    memory: dict[str, Any] = field(default_factory=dict)
+
+
+class Runtime:
+    """What clients and the evaluator share: the method, a working model, and input handling."""
+
+    def __init__(self, cfg: RunConfig, spec: ModelSpec, mean: tuple[float, ...],
+                 std: tuple[float, ...]) -> None:
+        torch.set_num_threads(max(1, int(cfg.cpus_per_actor)))
+        self.cfg = cfg
+        self.device = pick_device(cfg.gpus_per_actor)
+        method_cls = METHODS.get(cfg.method)
+        self.method: Method = method_cls(method_cls.parse_options(cfg.options))
+        self.model = self.method.build_model(spec).to(self.device)
+        self.local_keys = self.method.local_keys(self.model)
+        self.mean, self.std = mean, std
+
+    def where(self) -> str:
+        return f"{socket.gethostname()} ({self.device})"
+
+    def inputs(self, x: np.ndarray) -> torch.Tensor:
+        return to_inputs(x, self.mean, self.std).to(self.device, non_blocking=True)
+
+    @torch.no_grad()
+    def accuracy(self, model: nn.Module, x: np.ndarray, y: np.ndarray, mode: str) -> float:
+        """Top-1 accuracy of ``method.predict(model, ., mode)`` in eval mode."""
+        was_training = model.training
+        model.eval()
+        correct = 0
+        bs = self.cfg.eval_batch_size
+        for i in range(0, len(y), bs):
+            logits = self.method.predict(model, self.inputs(x[i:i + bs]), mode)
+            correct += int((logits.argmax(1).cpu().numpy() == y[i:i + bs]).sum())
+        model.train(was_training)
+        return correct / max(1, len(y))
+
+
+class ClientHost(Runtime):
+    """Hosts clients: trains them, evaluates global models on their validation splits."""
+
+    def __init__(self, cfg: RunConfig, spec: ModelSpec, mean: tuple[float, ...],
+                 std: tuple[float, ...], shards: list[ClientData]) -> None:
+        super().__init__(cfg, spec, mean, std)
+        self.slots = {s.client_id: ClientSlot(s) for s in shards}
+
+    def client_ids(self) -> list[int]:
+        return sorted(self.slots)
+
+    def _context(self, cid: int, rnd: int, global_state: st.State) -> ClientContext:
+        """Seed the client's streams for this round and load its view of the global model."""
+        slot = self.slots[cid]
+        torch.manual_seed(seeding.derive_seed(self.cfg.seed, seeding.CLIENT, cid, rnd, 0))
+        st.load(self.model, global_state)
+        if slot.local is not None:
+            st.load(self.model, slot.local)
+        self.model.train()
+        return ClientContext(
+            client_id=cid, round=rnd, data=slot.data, model=self.model, config=self.cfg,
+            device=self.device, global_state=global_state, memory=slot.memory,
+            generator=seeding.torch_generator(self.cfg.seed, seeding.CLIENT, cid, rnd, 1),
+            inputs=self.inputs,
+        )
+
+    def train(self, cid: int, global_state: st.State, rnd: int) -> Upload:
+        """One round of local training (FedFD-A appendix A.2's client-side model selection).
+
+        With ``client_selection`` the client validates every ``val_every`` steps (and after the
+        last) and uploads its best-validation weights of the round; otherwise its last weights.
+        """
+        ctx = self._context(cid, rnd, global_state)
+        self.method.start_round(ctx)
+        data, cfg, mode = ctx.data, self.cfg, self.method.eval_modes[0]
+        select = cfg.client_selection and len(data.val_y) > 0
+        best_acc, best_state, losses = -1.0, None, []
+        batches = ctx.batches()
+        for step in range(1, cfg.local_steps + 1):
+            x, y = next(batches)
+            losses.append(self.method.train_step(ctx, x, y))
+            if select and (step % cfg.val_every == 0 or step == cfg.local_steps):
+                acc = self.accuracy(self.model, data.val_x, data.val_y, mode)
+                if acc > best_acc:
+                    best_acc, best_state = acc, st.to_numpy(self.model)
+        upload = best_state if best_state is not None else st.to_numpy(self.model)
+        self.slots[cid].local = {k: upload[k] for k in self.local_keys}
+        metrics = {"train_loss": float(np.mean(losses))}
+        if select:
+            metrics["local_val_acc"] = best_acc
+        return Upload(cid, data.num_train, upload, metrics)
+
+    def validate(self, global_state: st.State, with_local: bool) -> dict[int, dict[str, float]]:
+        """Each hosted client's validation accuracy under the global model.
+
+        With ``with_local`` also under the global model carrying the client's own local tensors
+        (in-federation accuracy with local statistics, FedFD-A Table 12).
+        """
+        mode = self.method.eval_modes[0]
+        out: dict[int, dict[str, float]] = {}
+        for cid, slot in sorted(self.slots.items()):
+            st.load(self.model, global_state)
+            out[cid] = {"val_acc": self.accuracy(self.model, slot.data.val_x, slot.data.val_y,
+                                                 mode)}
+            if with_local and slot.local is not None:
+                st.load(self.model, slot.local)
+                out[cid]["val_acc_local"] = self.accuracy(
+                    self.model, slot.data.val_x, slot.data.val_y, mode)
+        return out
+
+    def phase(self, name: str, cid: int, payload: Any, global_state: st.State, rnd: int) -> Any:
+        """Run the method's client phase ``name`` for client ``cid``."""
+        return self.method.client_phase(name, self._context(cid, rnd, global_state), payload)
+
+    def get_state(self) -> dict[int, dict[str, Any]]:
+        """Every hosted client's persistent state (for checkpoints)."""
+        return {cid: {"local": s.local, "memory": s.memory} for cid, s in self.slots.items()}
+
+
+class Evaluator(Runtime):
+    """Holds the target domain and evaluates global models on it in every inference mode."""
+
+    def __init__(self, cfg: RunConfig, spec: ModelSpec, mean: tuple[float, ...],
+                 std: tuple[float, ...], x: np.ndarray, y: np.ndarray) -> None:
+        super().__init__(cfg, spec, mean, std)
+        self.x, self.y = x, y
+
+    def evaluate(self, global_state: st.State) -> dict[str, float]:
+        st.load(self.model, global_state)
+        return {m: self.accuracy(self.model, self.x, self.y, m) for m in self.method.eval_modes}

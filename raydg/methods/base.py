@@ -1,0 +1,210 @@
+"""The method interface: one subclass of :class:`Method` per paper, registered by name.
+
+The base class *is* FedAvg; a method overrides only what its paper changes:
+
+=====================  ==========================================  ================================
+what                   hook                                        used by
+=====================  ==========================================  ================================
+model construction     ``build_model``                             XAN layers, mixed-stat BN, adapters
+local vs shared state  ``local_keys``                              FedBN, SiloBN, gPerXAN
+ledger kinds           ``upload_kind``                             any upload that is not a parameter
+local training         ``start_round``, ``train_step``, ``loss``   FedProx, FedFD-A, gPerXAN
+client phases          ``client_phase`` (called via ``Server``)    CSAC acquisition, CCST styles
+server phases          ``setup``, ``aggregate``, ``on_round_end``  CSAC, CCST
+inference              ``eval_modes``, ``predict``                 FedFD-A's statistics modes
+=====================  ==========================================  ================================
+
+Client-side hooks run inside the client's Ray actor and receive a :class:`ClientContext`;
+server-side hooks run on the driver and receive a :class:`Server`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from raydg import state as st
+from raydg.errors import RaydgError
+from raydg.models import ModelSpec, build_model
+
+if TYPE_CHECKING:
+    from raydg.config import RunConfig
+    from raydg.partition import ClientData
+
+
+@dataclass
+class NoOptions:
+    """Settings of a method that has none."""
+
+
+@dataclass
+class Upload:
+    """What a client sends back after a round of local training."""
+
+    client_id: int
+    num_samples: int
+    state: st.State
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ClientContext:
+    """Everything a client-side hook may use during one round (or one phase) of one client.
+
+    ``memory`` persists across rounds inside the client's actor (e.g. CSAC's frozen local
+    model); ``scratch`` is emptied at the start of every round.
+    """
+
+    client_id: int
+    round: int
+    data: ClientData
+    model: nn.Module
+    config: RunConfig
+    device: torch.device
+    global_state: st.State
+    memory: dict[str, Any]
+    generator: torch.Generator
+    inputs: Any  # callable: uint8 numpy images -> normalised float tensor on ``device``
+    scratch: dict[str, Any] = field(default_factory=dict)
+    optimizer: torch.optim.Optimizer | None = None
+
+    def sgd(self, params) -> torch.optim.SGD:
+        cfg = self.config
+        return torch.optim.SGD(list(params), lr=cfg.lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay)
+
+    def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """Endless seeded minibatches of the training shard, reshuffled every epoch."""
+        n, bs = self.data.num_train, self.config.batch_size
+        bs = min(bs, n)
+        while True:
+            perm = torch.randperm(n, generator=self.generator).numpy()
+            for i in range(0, n - bs + 1, bs):
+                idx = perm[i:i + bs]
+                x = self.inputs(self.data.train_x[idx])
+                y = torch.from_numpy(self.data.train_y[idx]).to(self.device)
+                yield x, y
+
+
+class Server(Protocol):
+    """What server-side hooks may use (implemented by :class:`raydg.simulation.Simulation`)."""
+
+    config: RunConfig
+    round: int
+    global_state: st.State
+    client_ids: list[int]
+    num_samples: dict[int, int]
+
+    def call_clients(self, phase: str, payload: Any = None, *, kind: str,
+                     result_kind: str | None = None,
+                     clients: list[int] | None = None) -> dict[int, Any]:
+        """Run ``client_phase(phase, ctx, payload)`` on clients; ledger both directions."""
+        ...
+
+    def record(self, table: str, row: dict[str, Any]) -> None:
+        """Append a row to a table logged as an artifact (Parquet and CSV) at the end."""
+        ...
+
+
+class Method:
+    """FedAvg (McMahan et al.): local SGD on cross-entropy, n_k-weighted parameter averaging."""
+
+    name: ClassVar[str] = "fedavg"
+    Options: ClassVar[type] = NoOptions
+    paper: ClassVar[str] = "McMahan et al., AISTATS 2017; FedFD-A §3.1"
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    @classmethod
+    def parse_options(cls, values: dict[str, Any]) -> Any:
+        """Build ``Options`` from a dict, with one-line errors for unknown keys or bad types."""
+        known = {f.name: f for f in dataclasses.fields(cls.Options)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            valid = ", ".join(f"options.{k}" for k in known) or "none"
+            raise RaydgError(f"unknown option(s) {unknown} for method {cls.name}; valid: {valid}")
+        options = cls.Options(**values)
+        for key, f in known.items():
+            default = getattr(cls.Options(), key)
+            value = getattr(options, key)
+            if isinstance(default, float) and isinstance(value, int) and not isinstance(
+                    value, bool):
+                setattr(options, key, float(value))
+            elif default is not None and not isinstance(getattr(options, key), type(default)):
+                raise RaydgError(f"option {f.name!r} of {cls.name} must be "
+                                 f"{type(default).__name__}, got {value!r}")
+        cls.check_options(options)
+        return options
+
+    @classmethod
+    def check_options(cls, options: Any) -> None:
+        """Raise :class:`RaydgError` for invalid option values (override to check ranges)."""
+
+    # ------------------------------------------------------------------ model
+    def build_model(self, spec: ModelSpec) -> nn.Module:
+        return build_model(spec)
+
+    def local_keys(self, model: nn.Module) -> set[str]:
+        """State-dict keys a client keeps and the server never overwrites (personalised)."""
+        return set()
+
+    def upload_kind(self, key: str) -> str:
+        """The kind of information a state-dict entry reveals, for the communication ledger."""
+        return "bn_statistics" if st.is_bn_statistic(key) else "parameters"
+
+    # ------------------------------------------------------------------ client side
+    def start_round(self, ctx: ClientContext) -> None:
+        """Called after the global weights are loaded, before the first local step."""
+        ctx.optimizer = ctx.sgd(p for p in ctx.model.parameters() if p.requires_grad)
+
+    def train_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float:
+        assert ctx.optimizer is not None
+        ctx.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(ctx, x, y)
+        loss.backward()
+        ctx.optimizer.step()
+        return float(loss.detach())
+
+    def loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> Tensor:
+        """Eq. (1) of FedFD-A: cross-entropy on the client's own data."""
+        return F.cross_entropy(ctx.model(x), y)
+
+    def client_phase(self, phase: str, ctx: ClientContext, payload: Any) -> Any:
+        raise NotImplementedError(f"{self.name} has no client phase {phase!r}")
+
+    # ------------------------------------------------------------------ inference
+    eval_modes: ClassVar[tuple[str, ...]] = ("global",)
+
+    def predict(self, model: nn.Module, x: Tensor, mode: str) -> Tensor:
+        """Logits of the model in eval mode; ``mode`` is one of ``eval_modes``."""
+        return model(x)
+
+    # ------------------------------------------------------------------ server side
+    def setup(self, server: Server) -> None:
+        """One-off phases before round 1 (e.g. style exchange, local pre-training)."""
+
+    def aggregate(self, server: Server, uploads: list[Upload]) -> st.State:
+        """Weighted FedAvg of every uploaded tensor, in client-id order.
+
+        All keys, local ones included, are averaged: the result is the global model that is
+        evaluated (its BN statistics are the clients' n_k-weighted average); clients reload only
+        the keys that are not local.
+        """
+        return st.weighted_average([u.state for u in uploads], aggregation_weights(server, uploads))
+
+    def on_round_end(self, server: Server) -> dict[str, float]:
+        """Extra per-round metrics to log."""
+        return {}
+
+
+def aggregation_weights(server: Server, uploads: list[Upload]) -> list[float]:
+    """n_k (the papers' equations) or uniform (CCST's code), per ``agg_weights``."""
+    uniform = server.config.agg_weights == "uniform"
+    return [1.0 if uniform else float(u.num_samples) for u in uploads]

@@ -1,0 +1,83 @@
+"""Result tables: per-run accuracies, the papers' summary table (targets x Avg.), file output."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+from raydg.simulation import SimulationResult
+
+SELECTIONS = {"selected": "selected round (training-domain validation)", "last": "last round"}
+
+
+def write_table(rows: Sequence[dict[str, Any]], stem: Path) -> None:
+    """Write ``rows`` as ``stem.parquet`` and ``stem.csv``."""
+    table = pa.Table.from_pylist(list(rows))
+    pq.write_table(table, stem.with_suffix(".parquet"))
+    pcsv.write_csv(table, stem.with_suffix(".csv"))
+
+
+def long_rows(method: str, results: Sequence[SimulationResult]) -> list[dict[str, Any]]:
+    """One row per (target, seed, inference mode, selection), accuracy in percent."""
+    return [
+        {"method": method, "target": r.target, "seed": r.seed, "mode": mode,
+         "selection": sel, "round": r.selected_round if sel == "selected" else len(r.history),
+         "accuracy": 100.0 * getattr(r, sel)[mode]}
+        for r in results for sel in SELECTIONS for mode in r.selected
+    ]
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single seed)."""
+    arr = np.asarray(values, dtype=np.float64)
+    return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
+
+
+def summary_rows(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[str, Any]]:
+    """The papers' table: per (method, mode, selection), mean and std over seeds per target;
+    ``Avg`` averages the targets within each seed, then takes mean and std over seeds."""
+    out = []
+    keys = sorted({(r["method"], r["mode"], r["selection"]) for r in rows},
+                  key=lambda k: (k[2] != "selected", k[0], k[1]))
+    for method, mode, sel in keys:
+        mine = [r for r in rows if (r["method"], r["mode"], r["selection"]) == (method, mode, sel)]
+        row: dict[str, Any] = {"method": method, "mode": mode, "selection": sel}
+        seeds = sorted({r["seed"] for r in mine})
+        for t in targets:
+            row[t], row[f"{t}_std"] = _mean_std([r["accuracy"] for r in mine if r["target"] == t])
+        per_seed = [np.mean([r["accuracy"] for r in mine if r["seed"] == s]) for s in seeds]
+        row["Avg"], row["Avg_std"] = _mean_std(per_seed)
+        out.append(row)
+    return out
+
+
+def format_summary(summary: list[dict[str, Any]], targets: list[str], seeds: int) -> str:
+    """Plain-text tables, one per selection rule: rows method (and mode), columns targets, Avg."""
+    cols = [*targets, "Avg"]
+    blocks = []
+    for sel, title in SELECTIONS.items():
+        rows = [r for r in summary if r["selection"] == sel]
+        if not rows:
+            continue
+        modes = {r["mode"] for r in rows}
+        names = [r["method"] if len(modes) == 1 else f"{r['method']} [{r['mode']}]"
+                 for r in rows]
+        cells = [[f"{r[c]:.2f} ± {r[c + '_std']:.2f}" if seeds > 1 else f"{r[c]:.2f}"
+                  for c in cols] for r in rows]
+        widths = [max(len(c), *(len(cell[i]) for cell in cells)) for i, c in enumerate(cols)]
+        first = max(len("Method"), *(len(n) for n in names))
+        lines = [f"Accuracy (%) on the held-out domain, {title}, {seeds} seed(s)",
+                 "  ".join(["Method".ljust(first), *(c.rjust(w) for c, w in zip(cols, widths,
+                                                                                  strict=True))])]
+        lines.append("-" * len(lines[-1]))
+        for name, cell in zip(names, cells, strict=True):
+            lines.append("  ".join([name.ljust(first),
+                                    *(v.rjust(w) for v, w in zip(cell, widths, strict=True))]))
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)

@@ -1,0 +1,162 @@
+"""The driver of one federated run (one held-out target domain, one seed).
+
+It samples clients, puts the global weights into the object store once per round, gathers
+uploads as they finish, aggregates in client-id order, evaluates, and selects the round by
+mean source-validation accuracy (FedFD-A appendix A.2). It knows no method by name: a method
+plugs in through :class:`raydg.methods.Method` and sees this object as its ``Server``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+
+from raydg import seeding
+from raydg import state as st
+from raydg.actors import ClientPool, start_evaluator
+from raydg.config import RunConfig, clients_per_round
+from raydg.datasets import MultiDomainDataset
+from raydg.ledger import DOWN, UP, Ledger, payload_nbytes
+from raydg.methods import METHODS, Method, Upload
+from raydg.models import ModelSpec
+from raydg.partition import make_clients
+
+
+@dataclass
+class SimulationResult:
+    target: str
+    seed: int
+    history: list[dict[str, float]]  # one row of metrics per round
+    selected_round: int
+    selected: dict[str, float]  # target accuracy per inference mode at the selected round
+    last: dict[str, float]  # ... and at the last round
+    global_state: st.State
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+class Simulation:
+    """Runs one (target, seed) federation; the ``Server`` that method hooks receive."""
+
+    def __init__(self, cfg: RunConfig, data: MultiDomainDataset, target: str, seed: int,
+                 log: Callable[[str], None] = print) -> None:
+        self.config = dataclasses.replace(cfg, target=target, seeds=[seed])
+        self.log = log
+        clients = make_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed)
+        self.client_ids = [c.client_id for c in clients]
+        self.num_samples = {c.client_id: c.num_train for c in clients}
+        self.domains = {c.client_id: c.domain for c in clients}
+        self.spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
+        method_cls = METHODS.get(cfg.method)
+        self.method: Method = method_cls(method_cls.parse_options(cfg.options))
+        torch.manual_seed(seeding.derive_seed(seed, seeding.MODEL_INIT))
+        model = self.method.build_model(self.spec)
+        self.local_keys = self.method.local_keys(model)
+        self.global_state = st.to_numpy(model)
+        self.round = 0
+        self.ledger = Ledger()
+        self.tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._has_local: set[int] = set()
+        self.pool = ClientPool(self.config, self.spec, data.mean, data.std, clients)
+        test = data.domain(target)
+        self.evaluator = start_evaluator(self.config, self.spec, data.mean, data.std,
+                                         test.x, test.y)
+
+    # ------------------------------------------------------------------ Server protocol
+    def call_clients(self, phase: str, payload: Any = None, *, kind: str,
+                     result_kind: str | None = None,
+                     clients: list[int] | None = None) -> dict[int, Any]:
+        cids = sorted(clients if clients is not None else self.client_ids)
+        down = payload_nbytes(payload)
+        for c in cids:
+            self.ledger.add(self.round, c, DOWN, kind, down)
+        results = self.pool.phase(phase, cids, ray.put(payload), ray.put(self.global_state),
+                                  self.round)
+        for c, r in results.items():
+            self.ledger.add(self.round, c, UP, result_kind or kind, payload_nbytes(r))
+        return results
+
+    def record(self, table: str, row: dict[str, Any]) -> None:
+        self.tables[table].append({"round": self.round, **row})
+
+    # ------------------------------------------------------------------ rounds
+    def _ledger_round(self, cids: list[int], uploads: list[Upload]) -> None:
+        """Download: the keys a client loads (local keys only on first participation).
+        Upload: every uploaded tensor, by the kind of information it carries."""
+        for c in cids:
+            keys = [k for k in self.global_state
+                    if c not in self._has_local or k not in self.local_keys]
+            self.ledger.add(self.round, c, DOWN, "parameters", st.nbytes(self.global_state, keys))
+        for u in uploads:
+            by_kind: dict[str, int] = defaultdict(int)
+            for k, v in u.state.items():
+                by_kind[self.method.upload_kind(k)] += v.nbytes
+            for kind, n in sorted(by_kind.items()):
+                self.ledger.add(self.round, u.client_id, UP, kind, n)
+        self._has_local.update(cids)
+
+    def _evaluate(self, global_ref: Any) -> dict[str, float]:
+        """Mean source-validation accuracy over all clients, and target accuracy per mode."""
+        target = self.evaluator.evaluate.remote(global_ref)
+        per_client: dict[int, dict[str, float]] = {}
+        for part in ray.get(self.pool.validate(global_ref, self.config.eval_local)):
+            per_client.update(part)
+        metrics = {"val_acc": float(np.mean([v["val_acc"] for v in per_client.values()]))}
+        if self.config.eval_local:
+            metrics["val_acc_local"] = float(np.mean(
+                [v["val_acc_local"] for v in per_client.values() if "val_acc_local" in v]))
+        for mode, acc in ray.get(target).items():
+            metrics[f"target_acc/{mode}"] = acc
+        metrics["target_acc"] = metrics[f"target_acc/{self.method.eval_modes[0]}"]
+        return metrics
+
+    def run(self, on_round: Callable[[dict[str, float]], None] | None = None) -> SimulationResult:
+        cfg = self.config
+        n, k = len(self.client_ids), clients_per_round(cfg, len(self.client_ids))
+        sampler = seeding.numpy_rng(cfg.seed, seeding.SAMPLING)
+        try:
+            self.log(self.pool.describe())
+            self.method.setup(self)
+            history: list[dict[str, float]] = []
+            for rnd in range(1, cfg.rounds + 1):
+                start = time.perf_counter()
+                self.round = rnd
+                cids = sorted(int(c) for c in sampler.choice(n, size=k, replace=False))
+                uploads = self.pool.train(cids, ray.put(self.global_state), rnd)
+                self._ledger_round(cids, uploads)
+                self.global_state = self.method.aggregate(self, uploads)
+                row: dict[str, float] = {"round": rnd, "train_loss": float(np.mean(
+                    [u.metrics["train_loss"] for u in uploads]))}
+                row.update(self._evaluate(ray.put(self.global_state)))
+                row.update(self.ledger.totals(rnd))
+                row.update(self.method.on_round_end(self))
+                row["round_seconds"] = time.perf_counter() - start
+                history.append(row)
+                if on_round is not None:
+                    on_round(row)
+            return self._result(history)
+        finally:
+            self.pool.shutdown()
+            ray.kill(self.evaluator)
+
+    def _result(self, history: list[dict[str, float]]) -> SimulationResult:
+        best = max(history, key=lambda r: (r["val_acc"], -r["round"]))
+        modes = [f"target_acc/{m}" for m in self.method.eval_modes]
+        tables = dict(self.tables)
+        tables["ledger"] = self.ledger.rows
+        tables["clients"] = [{"client": c, "domain": self.domains[c],
+                              "train_samples": self.num_samples[c]} for c in self.client_ids]
+        return SimulationResult(
+            target=self.config.target, seed=self.config.seed, history=history,
+            selected_round=int(best["round"]),
+            selected={m.split("/", 1)[1]: best[m] for m in modes},
+            last={m.split("/", 1)[1]: history[-1][m] for m in modes},
+            global_state=self.global_state, tables=tables,
+        )
