@@ -1,6 +1,7 @@
 """Command line: ``raydg run``, ``raydg list``.
 
-Precedence of settings: built-in defaults < dataset defaults < ``--config`` YAML < options < ``--set``.
+Precedence of settings: built-in defaults < dataset defaults < ``--config`` YAML
+< command-line options < ``--set``.
 Bad input prints one ``raydg: error: ...`` line and exits with code 2.
 """
 

@@ -2,17 +2,17 @@
 
 The base class *is* FedAvg; a method overrides only what its paper changes:
 
-=====================  ==========================================  ================================
-what                   hook                                        used by
-=====================  ==========================================  ================================
-model construction     ``build_model``                             XAN layers, mixed-stat BN, adapters
-local vs shared state  ``local_keys``                              FedBN, SiloBN, gPerXAN
-ledger kinds           ``upload_kind``                             any upload that is not a parameter
-local training         ``start_round``, ``train_step``, ``loss``   FedProx, FedFD-A, gPerXAN
-client phases          ``client_phase`` (called via ``Server``)    CSAC acquisition, CCST styles
-server phases          ``setup``, ``aggregate``, ``on_round_end``  CSAC, CCST
-inference              ``eval_modes``, ``predict``                 FedFD-A's statistics modes
-=====================  ==========================================  ================================
+=====================  =========================================  ===========================
+what                   hook                                       used by
+=====================  =========================================  ===========================
+model construction     ``build_model``                            XAN, mixed-statistics BN
+local vs shared state  ``local_keys``                             FedBN, SiloBN, gPerXAN
+ledger kinds           ``upload_kind``                            non-parameter uploads
+local training         ``start_round``, ``train_step``, ``loss``  FedProx, FedFD-A, gPerXAN
+client phases          ``client_phase`` (called via ``Server``)   CSAC, CCST
+server phases          ``setup``, ``aggregate``, ``on_round_end`` CSAC, CCST
+inference              ``eval_modes``, ``predict``                FedFD-A's statistics modes
+=====================  =========================================  ===========================
 
 Client-side hooks run inside the client's Ray actor and receive a :class:`ClientContext`;
 server-side hooks run on the driver and receive a :class:`Server`.

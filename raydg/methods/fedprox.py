@@ -18,7 +18,7 @@ class FedProxOptions:
 
 @register()
 class FedProx(Method):
-    """Local loss CE + (mu/2)·||w − w_global||² over the trainable parameters (squared L2)."""
+    """Local loss CE + (mu/2)·||w - w_global||² over the trainable parameters (squared L2)."""
 
     name = "fedprox"
     Options = FedProxOptions

@@ -1,0 +1,106 @@
+"""The command line: a tracked run end to end, YAML/--set precedence, and refused bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import mlflow
+import pytest
+from click.testing import CliRunner
+from mlflow.tracking import MlflowClient
+
+from raydg.cli import cli
+from raydg.config import RunConfig, apply, load_yaml, parse_sets
+
+
+def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = CliRunner().invoke(cli, [
+        "run", "digits-style", "--method", "fedprox", "--target", "sketch", "--rounds", "2",
+        "--local-steps", "3", "--seed", "0", "--seed", "1", "--tracking-uri", uri,
+        "--set", "options.mu=0.1", "--set", "batch_size=16",
+    ])
+    assert result.exit_code == 0, result.output
+    assert "round 2/2" in result.output and "Avg" in result.output
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("digits-style")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.data.params["method"] == "fedprox"
+    assert parent.data.params["options.mu"] == "0.1"
+    assert parent.data.params["batch_size"] == "16"
+    assert "avg/selected/global" in parent.data.metrics
+    for child in children:
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        for metric in ("train_loss", "val_acc", "target_acc", "bytes_up", "bytes_down",
+                       "round_seconds"):
+            history = client.get_metric_history(child.info.run_id, metric)
+            assert [m.step for m in history] == [1, 2], metric
+        assert "final/target_acc_selected/global" in child.data.metrics
+        names = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert {"history.parquet", "ledger.parquet", "clients.csv"} <= names
+    names = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"config.yaml", "results.parquet", "results.csv", "summary.parquet",
+            "results.txt"} <= names
+    mlflow.set_tracking_uri(None)
+
+
+def test_yaml_then_set_precedence(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("dataset: digits-rot\nrounds: 7\nlr: 0.1\noptions: {mu: 0.5}\n")
+    cfg = apply(RunConfig(), load_yaml(path))
+    cfg = apply(cfg, parse_sets(["rounds=3", "options.mu=0.2", "seeds=[1, 2]"]))
+    assert (cfg.dataset, cfg.rounds, cfg.lr, cfg.options, cfg.seeds) == (
+        "digits-rot", 3, 0.1, {"mu": 0.2}, [1, 2])
+
+
+BAD_INPUTS = [
+    (["run", "digits-style", "--method", "nope"], "unknown method 'nope'; valid methods: fedavg"),
+    (["run", "mnist"], "unknown dataset 'mnist'; valid datasets:"),
+    (["run", "digits-style", "--set", "colour=1"], "unknown config key 'colour'"),
+    (["run", "digits-style", "--set", "options.nu=1"], "unknown option(s) ['nu']"),
+    (["run", "digits-style", "--dirichlet", "0"], "alpha must be positive"),
+    (["run", "digits-style", "--clients", "6", "--sample", "7"], "K must be <= N"),
+    (["run", "digits-style", "--rounds", "0"], "rounds must be positive"),
+    (["run", "digits-style", "--target", "photo"], "unknown target domain 'photo'"),
+    (["run", "pacs"], "needs its data"),
+    (["run", "pacs", "--data-root", "/nonexistent/raydg"], "does not exist"),
+    (["run", "digits-style", "--config", "/nonexistent.yaml"], "does not exist"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_INPUTS)
+def test_bad_input_is_one_line_and_exit_code_2(args, message, monkeypatch):
+    monkeypatch.delenv("RAYDG_DATA_ROOT", raising=False)
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("raydg: error: ")
+    assert message in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_empty_domain_is_refused_by_the_installed_command(tmp_path):
+    for d in ("art_painting", "cartoon", "photo", "sketch"):
+        (tmp_path / "PACS" / d / "dog").mkdir(parents=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "raydg", "run", "pacs", "--data-root", str(tmp_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"raydg: error: pacs: domain 'art_painting' has no images under "
+        f"{tmp_path / 'PACS' / 'art_painting'}"
+    ]
+
+
+def test_list_commands():
+    runner = CliRunner()
+    methods = runner.invoke(cli, ["list", "methods"]).output
+    for name in ("fedavg", "fedprox", "fedbn", "silobn"):
+        assert f"{name}" in methods
+    assert "digits-style" in runner.invoke(cli, ["list", "datasets"]).output

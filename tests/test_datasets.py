@@ -1,0 +1,92 @@
+"""Embedded digits benchmarks and the DomainBed-layout image-folder loader."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+from scipy.ndimage import rotate
+from sklearn.datasets import load_digits
+
+from raydg.datasets import load_dataset
+from raydg.errors import RaydgError
+
+
+def test_digits_rot_follows_rotated_mnist_protocol():
+    data = load_dataset("digits-rot", None, None)
+    assert data.domain_names == ["M0", "M15", "M30", "M45", "M60", "M75"]
+    for d in data.domains:
+        assert d.x.shape == (1000, 1, 16, 16) and d.x.dtype == np.uint8
+        np.testing.assert_array_equal(np.bincount(d.y), [100] * 10)
+        np.testing.assert_array_equal(d.y, data.domains[0].y)  # the same images, rotated
+    # M0's images are sklearn digits: each M0 image upsampled from an original 8x8 digit
+    digits = load_digits()
+    small = data.domain("M0").x[:, 0].reshape(1000, 8, 2, 8, 2).astype(float).mean(axis=(2, 4))
+    dist = ((small[:, None] / 255.0 - digits.images[None] / 16.0) ** 2).sum(axis=(2, 3))
+    nearest = dist.argmin(axis=1)
+    np.testing.assert_array_equal(digits.target[nearest], data.domain("M0").y)
+    assert len(set(nearest.tolist())) >= 990  # sklearn digits holds a few near-duplicates
+    # M90-style check of direction: rotating M0 clockwise by 45 degrees is close to M45
+    m0 = data.domain("M0").x[:, 0].astype(float)
+    clockwise = rotate(m0, -45, axes=(2, 1), reshape=False, order=1)
+    counter = rotate(m0, 45, axes=(2, 1), reshape=False, order=1)
+    m45 = data.domain("M45").x[:, 0].astype(float)
+    assert np.abs(clockwise - m45).mean() < 0.5 * np.abs(counter - m45).mean()
+
+
+def test_digits_style_domains_are_disjoint_and_balanced():
+    data = load_dataset("digits-style", None, None)
+    assert data.domain_names == ["plain", "colour-inverted", "sketch", "texture"]
+    sizes = [len(d) for d in data.domains]
+    assert sum(sizes) == 1797 and max(sizes) - min(sizes) <= 10
+    for d in data.domains:
+        assert d.x.shape[1:] == (3, 16, 16)
+        assert np.bincount(d.y, minlength=10).min() >= 40
+    # the styles really differ: mean brightness of plain (dark paper) vs sketch (white paper)
+    assert data.domain("plain").x.mean() < 100 < data.domain("sketch").x.mean()
+    again = load_dataset("digits-style", None, None)
+    for a, b in zip(data.domains, again.domains, strict=True):
+        np.testing.assert_array_equal(a.x, b.x)
+
+
+def _write_tree(root, domains, classes, per_class=2, empty=()):
+    for d in domains:
+        for c in classes:
+            folder = root / "PACS" / d / c
+            folder.mkdir(parents=True)
+            if d in empty:
+                continue
+            for i in range(per_class):
+                colour = (40 * i, 100, 200) if c == classes[0] else (200, 50, 40 * i)
+                Image.new("RGB", (20 + i, 24), colour).save(folder / f"{i}.png")
+
+
+PACS = ("art_painting", "cartoon", "photo", "sketch")
+
+
+def test_image_folder_loads_domainbed_layout(tmp_path):
+    _write_tree(tmp_path, PACS, ["dog", "horse"], per_class=3)
+    data = load_dataset("pacs", str(tmp_path), 8)
+    assert data.classes == ["dog", "horse"] and data.domain_names == list(PACS)
+    for d in data.domains:
+        assert d.x.shape == (6, 3, 8, 8)
+        np.testing.assert_array_equal(d.y, [0, 0, 0, 1, 1, 1])
+    # pixel values survive: image 0 of class 'dog' is the solid colour (0, 100, 200)
+    np.testing.assert_array_equal(data.domains[0].x[0, :, 4, 4], [0, 100, 200])
+
+
+def test_image_folder_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAYDG_DATA_ROOT", raising=False)
+    with pytest.raises(RaydgError, match="--data-root"):
+        load_dataset("pacs", None, 8)
+    with pytest.raises(RaydgError, match="does not exist"):
+        load_dataset("pacs", str(tmp_path / "nowhere"), 8)
+    _write_tree(tmp_path, PACS[:3], ["dog"])
+    with pytest.raises(RaydgError, match="missing domain"):
+        load_dataset("pacs", str(tmp_path), 8)
+    (tmp_path / "PACS" / "sketch" / "dog").mkdir(parents=True)
+    with pytest.raises(RaydgError, match="'sketch' has no images"):
+        load_dataset("pacs", str(tmp_path), 8)
+    (tmp_path / "PACS" / "sketch" / "dog" / "bad.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(RaydgError, match=r"bad\.jpg"):
+        load_dataset("pacs", str(tmp_path), 8)
