@@ -12,7 +12,6 @@ from typing import Any
 
 import ray
 
-from raydg import state as st
 from raydg.client import ClientHost, Evaluator
 from raydg.config import RunConfig
 from raydg.methods import Upload
@@ -96,12 +95,6 @@ class ClientPool:
         futures = {c: self.owner[c].phase.remote(name, c, payload_ref, global_ref, rnd)
                    for c in cids}
         return dict(zip(futures, ray.get(list(futures.values())), strict=True))
-
-    def client_states(self) -> dict[int, dict[str, st.State | dict]]:
-        out: dict[int, Any] = {}
-        for part in ray.get([a.get_state.remote() for a in self.actors]):
-            out.update(part)
-        return out
 
     def shutdown(self) -> None:
         for a in self.actors:

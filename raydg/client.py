@@ -102,7 +102,7 @@ class ClientHost(Runtime):
         )
 
     def train(self, cid: int, global_state: st.State, rnd: int) -> Upload:
-        """One round of local training (FedFD-A appendix A.2's client-side model selection).
+        """One round of local training with FedFD-A §4.1's client-side model selection.
 
         With ``client_selection`` the client validates every ``val_every`` steps (and after the
         last) and uploads its best-validation weights of the round; otherwise its last weights.
@@ -131,7 +131,7 @@ class ClientHost(Runtime):
         """Each hosted client's validation accuracy under the global model.
 
         With ``with_local`` also under the global model carrying the client's own local tensors
-        (in-federation accuracy with local statistics, FedFD-A Table 12).
+        (in-federation accuracy with local statistics, FedIG-A appendix A.7, Table 12).
         """
         mode = self.method.eval_modes[0]
         out: dict[int, dict[str, float]] = {}
@@ -148,10 +148,6 @@ class ClientHost(Runtime):
     def phase(self, name: str, cid: int, payload: Any, global_state: st.State, rnd: int) -> Any:
         """Run the method's client phase ``name`` for client ``cid``."""
         return self.method.client_phase(name, self._context(cid, rnd, global_state), payload)
-
-    def get_state(self) -> dict[int, dict[str, Any]]:
-        """Every hosted client's persistent state (for checkpoints)."""
-        return {cid: {"local": s.local, "memory": s.memory} for cid, s in self.slots.items()}
 
 
 class Evaluator(Runtime):

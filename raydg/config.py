@@ -36,11 +36,11 @@ class RunConfig:
     momentum: float | None = None
     weight_decay: float = 0.0
     batch_size: int | None = None
-    # model selection and evaluation (FedFD-A appendix A.2)
+    # model selection and evaluation (FedFD-A §4.1 "Evaluation Protocols"; FedIG-A A.2)
     val_fraction: float = 0.1
     val_every: int = 20
     client_selection: bool = True  # upload each client's best-validation weights of the round
-    eval_local: bool = False  # also report in-federation accuracy with local statistics
+    eval_local: bool = False  # in-federation accuracy with local statistics (FedIG-A A.7)
     eval_batch_size: int = 256
     # model and data
     model: str | None = None
@@ -175,6 +175,8 @@ def validate(cfg: RunConfig) -> None:
            f"--dirichlet alpha must be positive, got {cfg.dirichlet}")
     _check(cfg.sample is None or cfg.sample > 0, f"sample must be positive, got {cfg.sample}")
     sources = len(spec.domains) - 1
+    _check(cfg.clients is None or cfg.clients >= sources,
+           f"--clients {cfg.clients} is fewer than the {sources} source domains")
     n = cfg.clients or sources
     _check(cfg.sample is None or cfg.sample <= n,
            f"--sample {cfg.sample} is more than the {n} clients (K must be <= N)")

@@ -12,6 +12,7 @@ import ray
 
 from raydg.config import RunConfig, resolve, targets
 from raydg.datasets import load_dataset
+from raydg.partition import plan_clients
 from raydg.results import format_summary, long_rows, summary_rows
 from raydg.simulation import Simulation, SimulationResult
 from raydg.tracking import Tracker
@@ -62,6 +63,9 @@ def run_experiment(cfg: RunConfig, out: Callable[[str], None] = print) -> Experi
     cfg = resolve(cfg)
     data = load_dataset(cfg.dataset, cfg.data_root, cfg.image_size)
     held_out = targets(cfg)
+    for target in held_out:  # refuse an impossible partition before anything starts
+        for seed in cfg.seeds:
+            plan_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed)
     progress = Progress(len(held_out) * len(cfg.seeds) * cfg.rounds, out)
     runs: list[SimulationResult] = []
     with ray_session(cfg), Tracker(cfg) as tracker:

@@ -41,10 +41,8 @@ class Ledger:
     def totals(self, rnd: int) -> dict[str, int]:
         """Bytes up and down in round ``rnd``: ``{"bytes_up": .., "bytes_down": ..}``."""
         out: dict[str, int] = defaultdict(int)
-        for r in self.rows:
-            if r["round"] == rnd:
-                out[f"bytes_{r['direction']}"] += r["bytes"]
+        for r in reversed(self.rows):  # rows are appended in round order
+            if r["round"] != rnd:
+                break
+            out[f"bytes_{r['direction']}"] += r["bytes"]
         return {"bytes_up": out["bytes_up"], "bytes_down": out["bytes_down"]}
-
-    def kinds(self, direction: str) -> set[str]:
-        return {r["kind"] for r in self.rows if r["direction"] == direction}

@@ -2,7 +2,8 @@
 
 By default each source domain is one client. With ``clients=N`` the source domains are split
 evenly into N single-domain clients, label-iid or by a per-domain Dirichlet(alpha) label split
-(FedFD-A appendix A.6). The target domain is never given to any client.
+(FedIG-A appendix A.6: 30 clients, alpha 0.5 and 0.1). The target domain is never given to
+any client.
 """
 
 from __future__ import annotations
@@ -89,22 +90,44 @@ def train_val_split(n: int, val_fraction: float, rng: np.random.Generator):
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
-def make_clients(data: MultiDomainDataset, target: str, num_clients: int | None,
-                 dirichlet: float | None, val_fraction: float, seed: int) -> list[ClientData]:
-    """Build the source clients for one held-out ``target`` domain."""
+@dataclass(frozen=True)
+class ClientPlan:
+    """Which samples of which source domain a client holds (indices into that domain)."""
+
+    client_id: int
+    domain: str
+    train: np.ndarray
+    val: np.ndarray
+
+
+def plan_clients(data: MultiDomainDataset, target: str, num_clients: int | None,
+                 dirichlet: float | None, val_fraction: float, seed: int) -> list[ClientPlan]:
+    """Assign the source domains' samples to clients for one held-out ``target`` domain.
+
+    Cheap (indices only), so an experiment can check every partition before it starts.
+    """
     data.domain(target)
     sources = [d for d in data.domains if d.name != target]
     counts = clients_per_domain(num_clients or len(sources), len(sources))
-    clients: list[ClientData] = []
+    plans: list[ClientPlan] = []
     for d_index, (domain, m) in enumerate(zip(sources, counts, strict=True)):
         rng = seeding.numpy_rng(seed, seeding.PARTITION, d_index)
         shards = (split_iid(domain.y, m, rng) if dirichlet is None
                   else split_dirichlet(domain.y, m, dirichlet, rng))
         for shard in shards:
-            cid = len(clients)
+            cid = len(plans)
             tr, va = train_val_split(len(shard), val_fraction,
                                      seeding.numpy_rng(seed, seeding.SPLIT, cid))
-            tr, va = shard[tr], shard[va]
-            clients.append(ClientData(cid, domain.name, domain.x[tr], domain.y[tr],
-                                      domain.x[va], domain.y[va]))
-    return clients
+            plans.append(ClientPlan(cid, domain.name, shard[tr], shard[va]))
+    return plans
+
+
+def make_clients(data: MultiDomainDataset, target: str, num_clients: int | None,
+                 dirichlet: float | None, val_fraction: float, seed: int) -> list[ClientData]:
+    """Build the source clients' shards for one held-out ``target`` domain."""
+    out = []
+    for p in plan_clients(data, target, num_clients, dirichlet, val_fraction, seed):
+        d = data.domain(p.domain)
+        out.append(ClientData(p.client_id, p.domain, d.x[p.train], d.y[p.train], d.x[p.val],
+                              d.y[p.val]))
+    return out

@@ -37,10 +37,6 @@ class Registry(Generic[T]):
             )
         return self._entries[canonical]
 
-    def canonical(self, name: str) -> str:
-        self.get(name)
-        return self._aliases[name.lower()]
-
     def names(self) -> list[str]:
         return sorted(self._entries)
 

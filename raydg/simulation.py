@@ -2,7 +2,8 @@
 
 It samples clients, puts the global weights into the object store once per round, gathers
 uploads as they finish, aggregates in client-id order, evaluates, and selects the round by
-mean source-validation accuracy (FedFD-A appendix A.2). It knows no method by name: a method
+mean source-validation accuracy over all training ("seen") clients (FedFD-A §4.1; FedIG-A
+appendix A.2). It knows no method by name: a method
 plugs in through :class:`raydg.methods.Method` and sees this object as its ``Server``.
 """
 
@@ -105,13 +106,14 @@ class Simulation:
     def _evaluate(self, global_ref: Any) -> dict[str, float]:
         """Mean source-validation accuracy over all clients, and target accuracy per mode."""
         target = self.evaluator.evaluate.remote(global_ref)
-        per_client: dict[int, dict[str, float]] = {}
+        merged: dict[int, dict[str, float]] = {}
         for part in ray.get(self.pool.validate(global_ref, self.config.eval_local)):
-            per_client.update(part)
-        metrics = {"val_acc": float(np.mean([v["val_acc"] for v in per_client.values()]))}
+            merged.update(part)
+        per_client = [merged[c] for c in sorted(merged)]  # client-id order: layout-independent
+        metrics = {"val_acc": float(np.mean([v["val_acc"] for v in per_client]))}
         if self.config.eval_local:
             metrics["val_acc_local"] = float(np.mean(
-                [v["val_acc_local"] for v in per_client.values() if "val_acc_local" in v]))
+                [v["val_acc_local"] for v in per_client if "val_acc_local" in v]))
         for mode, acc in ray.get(target).items():
             metrics[f"target_acc/{mode}"] = acc
         metrics["target_acc"] = metrics[f"target_acc/{self.method.eval_modes[0]}"]

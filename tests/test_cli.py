@@ -104,3 +104,18 @@ def test_list_commands():
     for name in ("fedavg", "fedprox", "fedbn", "silobn"):
         assert f"{name}" in methods
     assert "digits-style" in runner.invoke(cli, ["list", "datasets"]).output
+
+
+def test_impossible_partition_is_refused_before_ray_starts(monkeypatch):
+    import raydg.experiment
+
+    def no_ray(*_a, **_k):
+        raise AssertionError("Ray must not start for invalid input")
+
+    monkeypatch.setattr(raydg.experiment, "ray_session", no_ray)
+    result = CliRunner().invoke(cli, ["run", "digits-style", "--clients", "300",
+                                      "--dirichlet", "0.01"])
+    assert result.exit_code == 2
+    assert "cannot give 100 clients 10 samples each" in result.stderr
+    result = CliRunner().invoke(cli, ["run", "digits-style", "--clients", "2"])
+    assert result.exit_code == 2 and "fewer than the 3 source domains" in result.stderr
