@@ -90,9 +90,9 @@ def run_bare(cfg: RunConfig, data: MultiDomainDataset) -> Run:
     method = method_cls(method_cls.parse_options(cfg.options))
     torch.manual_seed(seeding.derive_seed(cfg.seed, seeding.MODEL_INIT))
     global_state = st.to_numpy(method.build_model(spec))
-    host = ClientHost(cfg, spec, data.mean, data.std, clients)
+    host = ClientHost(method, cfg, spec, data.mean, data.std, clients)
     test = data.domain(cfg.target)
-    evaluator = Evaluator(cfg, spec, data.mean, data.std, test.x, test.y)
+    evaluator = Evaluator(method, cfg, spec, data.mean, data.std, test.x, test.y)
     setup = time.perf_counter() - t0
 
     n = len(clients)

@@ -1,20 +1,26 @@
 """Placement of clients on Ray actors, and the pool the driver talks to.
 
 One actor per client while the cluster's CPUs (and GPUs) allow; otherwise several clients per
-actor, assigned by size (longest-processing-time first) so actors carry similar work.
+actor, first assigned by size (longest-processing-time first). Each client's shard is put into
+the object store once; its home actor holds a zero-copy view of it and the client's persistent
+state. A round's trainings are dispatched dynamically (:meth:`ClientPool.train`): an actor that
+runs out of its own clients takes a waiting client from the busiest actor, and the client moves
+with its persistent state while its new actor maps the same shard, so nothing is re-loaded.
+Results never depend on placement: every client's randomness is its own and aggregation runs
+in client-id order.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections import deque
 from typing import Any
 
 import ray
 
 from raydg.client import ClientHost, Evaluator
 from raydg.config import RunConfig
-from raydg.methods import Upload
+from raydg.methods import Method, Upload
 from raydg.models import ModelSpec
 from raydg.partition import ClientData
 
@@ -40,59 +46,107 @@ def actor_capacity(cfg: RunConfig) -> int:
     return max(1, cap)
 
 
-def start_evaluator(cfg: RunConfig, spec: ModelSpec, mean: tuple[float, ...],
+def start_evaluator(method: Method, cfg: RunConfig, spec: ModelSpec, mean: tuple[float, ...],
                     std: tuple[float, ...], x: Any, y: Any) -> Any:
-    """The target-domain evaluator actor (no CPU reserved: it runs between training phases)."""
+    """The target-domain evaluator actor (no CPU reserved: evaluation is short)."""
     actor = ray.remote(Evaluator).options(num_cpus=0, num_gpus=cfg.gpus_per_actor)
-    return actor.remote(cfg, spec, mean, std, x, y)
+    return actor.remote(method, cfg, spec, mean, std, x, y)
+
+
+IN_FLIGHT = 2  # trainings queued per actor, so an actor never waits for the driver
+STATE = "state"  # concurrency group of adopt/release: they run while the actor trains
 
 
 class ClientPool:
     """The client actors of one simulation, addressed by client id."""
 
-    def __init__(self, cfg: RunConfig, spec: ModelSpec, mean: tuple[float, ...],
-                 std: tuple[float, ...], clients: list[ClientData]) -> None:
+    def __init__(self, method: Method, cfg: RunConfig, spec: ModelSpec,
+                 mean: tuple[float, ...], std: tuple[float, ...],
+                 clients: list[ClientData]) -> None:
         n_actors = cfg.actors or min(len(clients), actor_capacity(cfg))
-        self.groups = balanced_groups({c.client_id: c.num_train for c in clients},
-                                      min(n_actors, len(clients)))
-        by_id = {c.client_id: c for c in clients}
-        host = ray.remote(ClientHost).options(num_cpus=cfg.cpus_per_actor,
-                                              num_gpus=cfg.gpus_per_actor)
-        self.actors = [host.remote(cfg, spec, mean, std, [by_id[c] for c in g])
-                       for g in self.groups]
-        self.owner = {cid: a for a, g in zip(self.actors, self.groups, strict=True) for cid in g}
         self.sizes = {c.client_id: c.num_train for c in clients}
+        groups = balanced_groups(self.sizes, min(n_actors, len(clients)))
+        host = ray.remote(concurrency_groups={STATE: 1})(ClientHost).options(
+            num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor)
+        self.actors = [host.remote(method, cfg, spec, mean, std, []) for _ in groups]
+        self.shards = {c.client_id: ray.put(c) for c in clients}
+        self.home: dict[int, int] = {}
+        self.moved = 0  # clients that changed actor in the last round
+        self._validating: list[Any] = []  # the last validation, which reads the actors' clients
         self.cfg = cfg
+        ray.get([self._adopt(cid, a, None) for a, g in enumerate(groups) for cid in g])
+
+    def _adopt(self, cid: int, actor: int, state: Any) -> Any:
+        self.home[cid] = actor
+        return self.actors[actor].adopt.options(concurrency_group=STATE).remote(
+            self.shards[cid], state)
+
+    def _move(self, cid: int, actor: int) -> None:
+        """Re-home a waiting client; its persistent state travels, its shard is mapped again."""
+        ray.get(self._validating)  # adopt/release must not race the last validation
+        self._validating = []
+        old = self.actors[self.home[cid]]
+        ray.get(self._adopt(cid, actor, old.release.options(concurrency_group=STATE).remote(cid)))
+        self.moved += 1
 
     def describe(self) -> str:
         hosts = ray.get([a.where.remote() for a in self.actors])
         res = f"{self.cfg.cpus_per_actor:g} CPU, {self.cfg.gpus_per_actor:g} GPU each"
         lines = [f"placement: {len(self.sizes)} clients on {len(self.actors)} actors ({res})"]
-        for i, (g, h) in enumerate(zip(self.groups, hosts, strict=True)):
+        for i, h in enumerate(hosts):
+            g = sorted(c for c, a in self.home.items() if a == i)
             n = sum(self.sizes[c] for c in g)
             lines.append(f"  actor {i} on {h}: clients {g} ({n} training samples)")
         return "\n".join(lines)
 
-    def train(self, cids: list[int], global_ref: Any, rnd: int,
-              on_done: Callable[[Upload], None] | None = None) -> list[Upload]:
-        """Train the given clients; results gathered as they finish, returned in id order."""
-        pending = [self.owner[c].train.remote(c, global_ref, rnd) for c in cids]
+    def train(self, cids: list[int], global_ref: Any, rnd: int) -> list[Upload]:
+        """Train the given clients; results are gathered as they finish, returned in id order.
+
+        Each actor keeps up to ``IN_FLIGHT`` of its own clients queued, most samples per step
+        first. An actor with nothing left to run takes the cheapest waiting client of the actor
+        with the longest queue (work stealing), so actors finish together whatever the clients'
+        costs or the actors' speeds.
+        """
+        def cost(c: int) -> tuple[int, int]:
+            return -min(self.cfg.batch_size, self.sizes[c]), c
+
+        queues = [deque(sorted((c for c in cids if self.home[c] == a), key=cost))
+                  for a in range(len(self.actors))]
+        running: dict[Any, int] = {}  # future -> actor index
+        self.moved = 0
+
+        def submit(a: int) -> None:
+            if queues[a]:
+                cid = queues[a].popleft()
+            elif a not in running.values():
+                donor = max(range(len(queues)), key=lambda b: (len(queues[b]), -b))
+                if not queues[donor]:
+                    return
+                cid = queues[donor].pop()
+                self._move(cid, a)
+            else:
+                return
+            running[self.actors[a].train.remote(cid, global_ref, rnd)] = a
+
+        for _ in range(IN_FLIGHT):
+            for a in range(len(self.actors)):
+                submit(a)
         done: list[Upload] = []
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            upload = ray.get(ready[0])
-            done.append(upload)
-            if on_done is not None:
-                on_done(upload)
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1)
+            actor = running.pop(ready[0])
+            done.append(ray.get(ready[0]))
+            submit(actor)
         return sorted(done, key=lambda u: u.client_id)
 
     def validate(self, global_ref: Any, with_local: bool) -> list[Any]:
         """Futures of every actor's per-client validation accuracies."""
-        return [a.validate.remote(global_ref, with_local) for a in self.actors]
+        self._validating = [a.validate.remote(global_ref, with_local) for a in self.actors]
+        return self._validating
 
     def phase(self, name: str, cids: list[int], payload_ref: Any, global_ref: Any,
               rnd: int) -> dict[int, Any]:
-        futures = {c: self.owner[c].phase.remote(name, c, payload_ref, global_ref, rnd)
+        futures = {c: self.actors[self.home[c]].phase.remote(name, c, payload_ref, global_ref, rnd)
                    for c in cids}
         return dict(zip(futures, ray.get(list(futures.values())), strict=True))
 

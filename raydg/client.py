@@ -9,6 +9,7 @@ held-out target domain, which no client ever sees.
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,7 @@ from raydg import state as st
 from raydg.config import RunConfig
 from raydg.datasets import to_inputs
 from raydg.errors import RaydgError
-from raydg.methods import METHODS, ClientContext, Method, Upload
+from raydg.methods import ClientContext, Method, Upload
 from raydg.models import ModelSpec
 from raydg.partition import ClientData
 
@@ -35,22 +36,28 @@ def pick_device(gpus: float) -> torch.device:
 
 
 @dataclass
+class ClientState:
+    """A client's persistent state; it travels with the client if it changes actor."""
+
+    local: st.State | None = None  # the client's own copy of the method's local keys
+    memory: dict[str, Any] = field(default_factory=dict)  # ``ClientContext.memory``
+
+
+@dataclass
 class ClientSlot:
     data: ClientData
-    local: st.State | None = None  # the client's own copy of the method's local keys
-    memory: dict[str, Any] = field(default_factory=dict)
+    state: ClientState
 
 
 class Runtime:
     """What clients and the evaluator share: the method, a working model, and input handling."""
 
-    def __init__(self, cfg: RunConfig, spec: ModelSpec, mean: tuple[float, ...],
-                 std: tuple[float, ...]) -> None:
+    def __init__(self, method: Method, cfg: RunConfig, spec: ModelSpec,
+                 mean: tuple[float, ...], std: tuple[float, ...]) -> None:
         torch.set_num_threads(max(1, int(cfg.cpus_per_actor)))
         self.cfg = cfg
         self.device = pick_device(cfg.gpus_per_actor)
-        method_cls = METHODS.get(cfg.method)
-        self.method: Method = method_cls(method_cls.parse_options(cfg.options))
+        self.method = method
         self.model = self.method.build_model(spec).to(self.device)
         self.local_keys = self.method.local_keys(self.model)
         self.mean, self.std = mean, std
@@ -78,25 +85,33 @@ class Runtime:
 class ClientHost(Runtime):
     """Hosts clients: trains them, evaluates global models on their validation splits."""
 
-    def __init__(self, cfg: RunConfig, spec: ModelSpec, mean: tuple[float, ...],
-                 std: tuple[float, ...], shards: list[ClientData]) -> None:
-        super().__init__(cfg, spec, mean, std)
-        self.slots = {s.client_id: ClientSlot(s) for s in shards}
+    def __init__(self, method: Method, cfg: RunConfig, spec: ModelSpec,
+                 mean: tuple[float, ...], std: tuple[float, ...],
+                 shards: list[ClientData]) -> None:
+        super().__init__(method, cfg, spec, mean, std)
+        self.slots: dict[int, ClientSlot] = {}
+        for shard in shards:
+            self.adopt(shard)
 
-    def client_ids(self) -> list[int]:
-        return sorted(self.slots)
+    def adopt(self, data: ClientData, state: ClientState | None = None) -> None:
+        """Host a client: its shard (a zero-copy view when it comes from the object store)."""
+        self.slots[data.client_id] = ClientSlot(data, state or ClientState())
+
+    def release(self, cid: int) -> ClientState:
+        """Stop hosting a client and hand back its persistent state."""
+        return self.slots.pop(cid).state
 
     def _context(self, cid: int, rnd: int, global_state: st.State) -> ClientContext:
         """Seed the client's streams for this round and load its view of the global model."""
         slot = self.slots[cid]
         torch.manual_seed(seeding.derive_seed(self.cfg.seed, seeding.CLIENT, cid, rnd, 0))
         st.load(self.model, global_state)
-        if slot.local is not None:
-            st.load(self.model, slot.local)
+        if slot.state.local is not None:
+            st.load(self.model, slot.state.local)
         self.model.train()
         return ClientContext(
             client_id=cid, round=rnd, data=slot.data, model=self.model, config=self.cfg,
-            device=self.device, global_state=global_state, memory=slot.memory,
+            device=self.device, global_state=global_state, memory=slot.state.memory,
             generator=seeding.torch_generator(self.cfg.seed, seeding.CLIENT, cid, rnd, 1),
             inputs=self.inputs,
         )
@@ -107,6 +122,7 @@ class ClientHost(Runtime):
         With ``client_selection`` the client validates every ``val_every`` steps (and after the
         last) and uploads its best-validation weights of the round; otherwise its last weights.
         """
+        start = time.perf_counter()
         ctx = self._context(cid, rnd, global_state)
         self.method.start_round(ctx)
         data, cfg, mode = ctx.data, self.cfg, self.method.eval_modes[0]
@@ -121,8 +137,8 @@ class ClientHost(Runtime):
                 if acc > best_acc:
                     best_acc, best_state = acc, st.to_numpy(self.model)
         upload = best_state if best_state is not None else st.to_numpy(self.model)
-        self.slots[cid].local = {k: upload[k] for k in self.local_keys}
-        metrics = {"train_loss": float(np.mean(losses))}
+        self.slots[cid].state.local = {k: upload[k] for k in self.local_keys}
+        metrics = {"train_loss": float(np.mean(losses)), "seconds": time.perf_counter() - start}
         if select:
             metrics["local_val_acc"] = best_acc
         return Upload(cid, data.num_train, upload, metrics)
@@ -135,14 +151,15 @@ class ClientHost(Runtime):
         """
         mode = self.method.eval_modes[0]
         out: dict[int, dict[str, float]] = {}
+        st.load(self.model, global_state)
         for cid, slot in sorted(self.slots.items()):
-            st.load(self.model, global_state)
-            out[cid] = {"val_acc": self.accuracy(self.model, slot.data.val_x, slot.data.val_y,
-                                                 mode)}
-            if with_local and slot.local is not None:
-                st.load(self.model, slot.local)
-                out[cid]["val_acc_local"] = self.accuracy(
-                    self.model, slot.data.val_x, slot.data.val_y, mode)
+            data, local = slot.data, slot.state.local
+            out[cid] = {"val_acc": self.accuracy(self.model, data.val_x, data.val_y, mode)}
+            if with_local and local is not None:
+                st.load(self.model, local)
+                out[cid]["val_acc_local"] = self.accuracy(self.model, data.val_x, data.val_y,
+                                                          mode)
+                st.load(self.model, global_state, local.keys())
         return out
 
     def phase(self, name: str, cid: int, payload: Any, global_state: st.State, rnd: int) -> Any:
@@ -153,9 +170,10 @@ class ClientHost(Runtime):
 class Evaluator(Runtime):
     """Holds the target domain and evaluates global models on it in every inference mode."""
 
-    def __init__(self, cfg: RunConfig, spec: ModelSpec, mean: tuple[float, ...],
-                 std: tuple[float, ...], x: np.ndarray, y: np.ndarray) -> None:
-        super().__init__(cfg, spec, mean, std)
+    def __init__(self, method: Method, cfg: RunConfig, spec: ModelSpec,
+                 mean: tuple[float, ...], std: tuple[float, ...], x: np.ndarray,
+                 y: np.ndarray) -> None:
+        super().__init__(method, cfg, spec, mean, std)
         self.x, self.y = x, y
 
     def evaluate(self, global_state: st.State) -> dict[str, float]:

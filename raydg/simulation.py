@@ -47,7 +47,9 @@ class Simulation:
     """Runs one (target, seed) federation; the ``Server`` that method hooks receive."""
 
     def __init__(self, cfg: RunConfig, data: MultiDomainDataset, target: str, seed: int,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, method: Method | None = None) -> None:
+        """``method`` defaults to the registered ``cfg.method`` with ``cfg.options``; passing an
+        instance runs a method that is not registered (e.g. one defined in a notebook)."""
         self.config = dataclasses.replace(cfg, target=target, seeds=[seed])
         self.log = log
         clients = make_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed)
@@ -55,8 +57,10 @@ class Simulation:
         self.num_samples = {c.client_id: c.num_train for c in clients}
         self.domains = {c.client_id: c.domain for c in clients}
         self.spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
-        method_cls = METHODS.get(cfg.method)
-        self.method: Method = method_cls(method_cls.parse_options(cfg.options))
+        if method is None:
+            method_cls = METHODS.get(cfg.method)
+            method = method_cls(method_cls.parse_options(cfg.options))
+        self.method = method
         torch.manual_seed(seeding.derive_seed(seed, seeding.MODEL_INIT))
         model = self.method.build_model(self.spec)
         self.local_keys = self.method.local_keys(model)
@@ -65,9 +69,9 @@ class Simulation:
         self.ledger = Ledger()
         self.tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._has_local: set[int] = set()
-        self.pool = ClientPool(self.config, self.spec, data.mean, data.std, clients)
+        self.pool = ClientPool(method, self.config, self.spec, data.mean, data.std, clients)
         test = data.domain(target)
-        self.evaluator = start_evaluator(self.config, self.spec, data.mean, data.std,
+        self.evaluator = start_evaluator(method, self.config, self.spec, data.mean, data.std,
                                          test.x, test.y)
 
     # ------------------------------------------------------------------ Server protocol
@@ -103,12 +107,20 @@ class Simulation:
                 self.ledger.add(self.round, u.client_id, UP, kind, n)
         self._has_local.update(cids)
 
-    def _evaluate(self, global_ref: Any) -> dict[str, float]:
+    def _start_evaluation(self, global_ref: Any) -> tuple[Any, list[Any]]:
+        """Submit target evaluation and every actor's source validation; return the futures."""
+        return (self.evaluator.evaluate.remote(global_ref),
+                self.pool.validate(global_ref, self.config.eval_local))
+
+    def _finish_evaluation(self, futures: tuple[Any, list[Any]]) -> dict[str, float]:
         """Mean source-validation accuracy over all clients, and target accuracy per mode."""
-        target = self.evaluator.evaluate.remote(global_ref)
-        merged: dict[int, dict[str, float]] = {}
-        for part in ray.get(self.pool.validate(global_ref, self.config.eval_local)):
-            merged.update(part)
+        target, validation = futures
+        parts = ray.get(validation)
+        seen = sorted(c for part in parts for c in part)
+        if seen != self.client_ids:
+            raise RuntimeError(f"validation covered clients {seen}, expected each of "
+                               f"{self.client_ids} once")
+        merged = {c: v for part in parts for c, v in part.items()}
         per_client = [merged[c] for c in sorted(merged)]  # client-id order: layout-independent
         metrics = {"val_acc": float(np.mean([v["val_acc"] for v in per_client]))}
         if self.config.eval_local:
@@ -120,29 +132,45 @@ class Simulation:
         return metrics
 
     def run(self, on_round: Callable[[dict[str, float]], None] | None = None) -> SimulationResult:
+        """All rounds. Round r's evaluation runs while round r+1 trains (each actor runs its
+        tasks in submission order, so round r validates every client where it was hosted then);
+        ``round_seconds`` is the time from one round's start to the next's."""
         cfg = self.config
         n, k = len(self.client_ids), clients_per_round(cfg, len(self.client_ids))
         sampler = seeding.numpy_rng(cfg.seed, seeding.SAMPLING)
+        history: list[dict[str, float]] = []
+
+        def finish(row: dict[str, float], futures: Any, start: float,
+                   end: float | None = None) -> None:
+            row.update(self._finish_evaluation(futures))
+            row["round_seconds"] = (end or time.perf_counter()) - start
+            history.append(row)
+            if on_round is not None:
+                on_round(row)
+
         try:
             self.log(self.pool.describe())
             self.method.setup(self)
-            history: list[dict[str, float]] = []
+            pending: tuple[dict[str, float], Any, float] | None = None
             for rnd in range(1, cfg.rounds + 1):
                 start = time.perf_counter()
                 self.round = rnd
                 cids = sorted(int(c) for c in sampler.choice(n, size=k, replace=False))
                 uploads = self.pool.train(cids, ray.put(self.global_state), rnd)
                 self._ledger_round(cids, uploads)
+                for u in uploads:
+                    self.record("client_rounds", {"client": u.client_id, **u.metrics})
                 self.global_state = self.method.aggregate(self, uploads)
-                row: dict[str, float] = {"round": rnd, "train_loss": float(np.mean(
-                    [u.metrics["train_loss"] for u in uploads]))}
-                row.update(self._evaluate(ray.put(self.global_state)))
-                row.update(self.ledger.totals(rnd))
+                row: dict[str, float] = {"round": rnd, "train_loss": float(
+                    np.mean([u.metrics["train_loss"] for u in uploads]))}
+                row.update(self.ledger.totals(rnd), clients_moved=self.pool.moved)
                 row.update(self.method.on_round_end(self))
-                row["round_seconds"] = time.perf_counter() - start
-                history.append(row)
-                if on_round is not None:
-                    on_round(row)
+                futures = self._start_evaluation(ray.put(self.global_state))
+                if pending is not None:
+                    finish(*pending, end=start)
+                pending = (row, futures, start)
+            if pending is not None:
+                finish(*pending)
             return self._result(history)
         finally:
             self.pool.shutdown()

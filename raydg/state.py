@@ -50,5 +50,6 @@ def weighted_average(states: Sequence[State], weights: Sequence[float],
         for s, w in zip(states, weights, strict=True):
             acc += (w / total) * s[k].astype(np.float64)
         dtype = states[0][k].dtype
-        out[k] = (np.rint(acc) if np.issubdtype(dtype, np.integer) else acc).astype(dtype)
+        rounded = np.rint(acc) if np.issubdtype(dtype, np.integer) else acc
+        out[k] = np.asarray(rounded, dtype=dtype)  # 0-d results stay arrays, not scalars
     return out

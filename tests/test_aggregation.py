@@ -47,3 +47,8 @@ def test_weighted_average_equals_float64_numpy_mean():
     pairs = zip(states, weights, strict=True)
     expected = sum(w * s["w"].astype(np.float64) for s, w in pairs) / sum(weights)
     np.testing.assert_allclose(forward, expected, rtol=1e-6)
+
+
+def test_weighted_average_keeps_zero_dim_arrays():
+    out = state.weighted_average([{"n": np.array(3)}, {"n": np.array(5)}], [1, 1])
+    assert isinstance(out["n"], np.ndarray) and out["n"].shape == () and out["n"] == 4

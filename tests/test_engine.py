@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
+import ray
 
-from raydg import state
+from raydg import seeding, state
 from raydg.actors import balanced_groups
 from raydg.datasets import load_dataset
+from raydg.methods import Method
+from raydg.partition import make_clients, plan_clients
 from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 
@@ -21,14 +26,35 @@ def _run(**overrides):
     return sim, sim.run()
 
 
+def _seed_forcing_a_move() -> int:
+    data = load_dataset("digits-style", None, None)
+    for seed in range(100):
+        plans = plan_clients(data, "sketch", 9, None, 0.1, seed)
+        homes = balanced_groups({p.client_id: len(p.train) for p in plans}, 2)
+        first = seeding.numpy_rng(seed, seeding.SAMPLING).choice(9, size=2, replace=False)
+        if any(set(first.tolist()) <= set(g) for g in homes):
+            return seed
+    raise AssertionError("no seed samples two co-located clients in round 1")
+
+
 def test_one_and_two_actors_give_bit_identical_weights():
-    _, one = _run(clients=6, sample=4, actors=1)
-    _, two = _run(clients=6, sample=4, actors=2)
+    # FedBN, 2 of 9 clients a round, with a seed whose round 1 samples two clients of the same
+    # home actor: the idle actor must take one (work stealing), so a client moves and carries
+    # its local BN tensors; the weights must not notice
+    seed = _seed_forcing_a_move()
+    _, two = _run(clients=9, sample=2, rounds=4, actors=2, method="fedbn", seeds=[seed])
+    _, one = _run(clients=9, sample=2, rounds=4, actors=1, method="fedbn", seeds=[seed])
+    assert two.history[0]["clients_moved"] >= 1
+    assert all(r["clients_moved"] == 0 for r in one.history)
     assert one.global_state.keys() == two.global_state.keys()
     for k in one.global_state:
         np.testing.assert_array_equal(one.global_state[k], two.global_state[k], err_msg=k)
-    strip = [{k: v for k, v in r.items() if k != "round_seconds"} for r in one.history]
-    assert strip == [{k: v for k, v in r.items() if k != "round_seconds"} for r in two.history]
+    placement = {"round_seconds", "clients_moved"}  # the only layout-dependent metrics
+
+    def strip(history):
+        return [{k: v for k, v in r.items() if k not in placement} for r in history]
+
+    assert strip(one.history) == strip(two.history)
 
 
 def test_training_changes_weights_and_seed_matters():
@@ -76,3 +102,44 @@ def test_balanced_groups_is_lpt():
     # LPT: 50->g0, 40->g1, 30->g1 (40<50), 20->g0 (50<70), 10->g0 or g1 (70 vs 70: g0)
     assert groups == [[0, 3, 4], [1, 2]]
     assert balanced_groups({0: 5, 1: 5}, 4) == [[0], [1]]
+
+
+class _Exchange(Method):
+    """A test method with a one-off exchange, as CCST's style bank: clients upload a statistic,
+    the driver broadcasts their sum, each client stores it in its persistent memory."""
+
+    name = "test-exchange"
+
+    def client_phase(self, phase, ctx, payload):
+        if phase == "stat":
+            return np.array([float(ctx.data.train_y.sum())], dtype=np.float64)
+        ctx.memory["bank"] = payload
+        return None
+
+    def setup(self, server):
+        stats = server.call_clients("stat", kind="request", result_kind="label_sums")
+        bank = np.concatenate([stats[c] for c in sorted(stats)])
+        server.call_clients("bank", bank, kind="style_bank")
+        server.record("bank", {"total": float(bank.sum())})
+
+    def on_round_end(self, server):
+        return {"bank_total": float(server.tables["bank"][0]["total"])}
+
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors can't import tests
+
+
+def test_one_off_exchange_through_client_phases_is_ledgered():
+    cfg = tiny_config(clients=4, rounds=1)
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None, method=_Exchange())
+    result = sim.run()
+    sums = {c.client_id: float(c.train_y.sum())
+            for c in make_clients(data, cfg.target, 4, None, cfg.val_fraction, cfg.seed)}
+    assert result.history[0]["bank_total"] == sum(sums.values())
+    setup = [r for r in result.tables["ledger"] if r["round"] == 0]
+    assert {(r["client"], r["direction"], r["kind"], r["bytes"]) for r in setup} == (
+        {(c, "down", "request", 0) for c in sums}
+        | {(c, "up", "label_sums", 8) for c in sums}
+        | {(c, "down", "style_bank", 8 * 4) for c in sums}
+        | {(c, "up", "style_bank", 0) for c in sums})

@@ -30,7 +30,8 @@ def _two_rounds(method: str):
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     clients = make_clients(data, cfg.target, 2 * 3, None, cfg.val_fraction, cfg.seed)[:2]
     spec = ModelSpec(cfg.model, data.channels, 10, cfg.image_size)
-    host = ClientHost(cfg, spec, data.mean, data.std, clients)
+    method_cls = METHODS.get(method)
+    host = ClientHost(method_cls(), cfg, spec, data.mean, data.std, clients)
     torch.manual_seed(0)
     initial = state.to_numpy(host.method.build_model(spec))
     uploads = [host.train(c.client_id, initial, 1) for c in clients]
@@ -85,3 +86,19 @@ def test_fedprox_gradient_is_ce_gradient_plus_mu_times_displacement():
     for k, p in model.named_parameters():
         analytic = p.grad.numpy() + 0.3 * (p.detach().numpy() - anchor[k])
         np.testing.assert_allclose(prox_grads[k], analytic, rtol=1e-5, atol=1e-6)
+
+
+def test_validate_with_local_statistics_matches_independent_evaluation():
+    host, uploads, new_global, _ = _two_rounds("fedbn")
+    got = host.validate(new_global, with_local=True)
+    spec = ModelSpec(host.cfg.model, 3, 10, host.cfg.image_size)
+    for u in uploads:
+        data = host.slots[u.client_id].data
+        for key, local in (("val_acc", False), ("val_acc_local", True)):
+            model = METHODS.get("fedbn")().build_model(spec).eval()
+            weights = {k: (u.state if local and k in host.local_keys else new_global)[k]
+                       for k in new_global}
+            model.load_state_dict({k: torch.from_numpy(v) for k, v in weights.items()})
+            with torch.no_grad():
+                pred = model(host.inputs(data.val_x)).argmax(1).numpy()
+            assert got[u.client_id][key] == pytest.approx((pred == data.val_y).mean())

@@ -15,7 +15,9 @@ inference              ``eval_modes``, ``predict``                FedFD-A's stat
 =====================  =========================================  ===========================
 
 Client-side hooks run inside the client's Ray actor and receive a :class:`ClientContext`;
-server-side hooks run on the driver and receive a :class:`Server`.
+server-side hooks run on the driver and receive a :class:`Server`. One method object serves every
+client of an actor and clients may move between actors, so per-client state belongs in
+``ctx.memory`` (or the model's local keys), never in attributes of the method.
 """
 
 from __future__ import annotations
