@@ -73,7 +73,7 @@ class Measure:
     @property
     def startup(self) -> float:
         """Median over repeats of set-up time plus round 1's excess over the steady state."""
-        return statistics.median(r.setup + r.rounds[0] - self.steady for r in self.runs)
+        return statistics.median(r.setup + max(0.0, r.rounds[0] - self.steady) for r in self.runs)
 
     @property
     def first(self) -> float:

@@ -53,7 +53,7 @@ def start_evaluator(method: Method, cfg: RunConfig, spec: ModelSpec, mean: tuple
     return actor.remote(method, cfg, spec, mean, std, x, y)
 
 
-IN_FLIGHT = 2  # trainings queued per actor, so an actor never waits for the driver
+IN_FLIGHT = 1  # trainings queued per actor: the rest stay free to be stolen
 STATE = "state"  # concurrency group of adopt/release: they run while the actor trains
 
 
@@ -102,7 +102,7 @@ class ClientPool:
     def train(self, cids: list[int], global_ref: Any, rnd: int) -> list[Upload]:
         """Train the given clients; results are gathered as they finish, returned in id order.
 
-        Each actor keeps up to ``IN_FLIGHT`` of its own clients queued, most samples per step
+        Each actor has ``IN_FLIGHT`` of its own clients submitted at a time, most samples per step
         first. An actor with nothing left to run takes the cheapest waiting client of the actor
         with the longest queue (work stealing), so actors finish together whatever the clients'
         costs or the actors' speeds.

@@ -52,8 +52,9 @@ class Progress:
         self.done += 1
         self.seconds += row["round_seconds"]
         eta = self.seconds / self.done * (self.total - self.done)
+        local = f" (local {100 * row['val_acc_local']:.1f}%)" if "val_acc_local" in row else ""
         self.out(f"[{self.label}] round {int(row['round'])}/{rounds}  "
-                 f"loss {row['train_loss']:.3f}  val {100 * row['val_acc']:.1f}%  "
+                 f"loss {row['train_loss']:.3f}  val {100 * row['val_acc']:.1f}%{local}  "
                  f"target {100 * row['target_acc']:.1f}%  {row['round_seconds']:.1f}s/round  "
                  f"left {time.strftime('%H:%M:%S', time.gmtime(eta))}")
 
