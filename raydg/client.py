@@ -3,7 +3,7 @@
 A :class:`ClientHost` holds one or more clients, their data shards and their persistent state
 (local tensors and method memory) across rounds, plus one working model that it loads with a
 client's weights whenever that client trains or evaluates; a client can be handed to another
-host with its state (:meth:`ClientHost.release`, :meth:`ClientHost.adopt`). An :class:`Evaluator` holds the
+host with its state (``release``, then ``adopt``). An :class:`Evaluator` holds the
 held-out target domain, which no client ever sees.
 """
 
