@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -11,7 +12,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from raydg.cli import cli
-from raydg.config import RunConfig, apply, load_yaml, parse_sets
+from raydg.config import RunConfig, apply, load_yaml, parse_sets, resolve
 
 
 def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
@@ -119,3 +120,9 @@ def test_impossible_partition_is_refused_before_ray_starts(monkeypatch):
     assert "cannot give 100 clients 10 samples each" in result.stderr
     result = CliRunner().invoke(cli, ["run", "digits-style", "--clients", "2"])
     assert result.exit_code == 2 and "fewer than the 3 source domains" in result.stderr
+
+
+@pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("configs/*.yaml")))
+def test_shipped_configs_resolve(path):
+    cfg = resolve(apply(RunConfig(), load_yaml(path)))
+    assert cfg.dataset in path.name
