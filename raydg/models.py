@@ -72,3 +72,15 @@ MODELS.register("resnet50")(_resnet("resnet50"))
 
 def build_model(spec: ModelSpec) -> FeatureClassifier:
     return MODELS.get(spec.name)(spec)
+
+
+def bn_keys(model: nn.Module) -> set[str]:
+    """State-dict keys of every BatchNorm layer's own tensors (affine and statistics), not of
+    modules nested inside one."""
+    return {
+        f"{name}.{key}"
+        for name, module in model.named_modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm)
+        for key in module.state_dict()
+        if "." not in key
+    }

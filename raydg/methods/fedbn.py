@@ -5,16 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from raydg.methods import Method, register
-
-
-def bn_keys(model: nn.Module) -> set[str]:
-    """State-dict keys (affine parameters and statistics) of every BatchNorm layer."""
-    return {
-        f"{name}.{key}"
-        for name, module in model.named_modules()
-        if isinstance(module, nn.modules.batchnorm._BatchNorm)
-        for key in module.state_dict()
-    }
+from raydg.models import bn_keys
 
 
 @register()

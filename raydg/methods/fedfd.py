@@ -1,0 +1,325 @@
+"""FedFD and FedFD-A (Yang et al., "Feature Diversification and Adaptation for Federated Domain
+Generalization"; earlier version FedIG / FedIG-A, "Client-agnostic Learning and Zero-shot
+Adaptation for Federated DG").
+
+* FedFD (FedIG): a second forward pass normalises every BN layer with mixed statistics
+  ``mu_D = u*mu_i + (1-u)*mu_G`` (sigma likewise), u ~ U(a, b) per channel, per layer, per
+  iteration (FedFD-A Eq. 2; FedIG Eq. 3), and trains with the client-agnostic losses
+  CAFL = ||f - f_D||^2 (Eq. 3) and CACL = CE(C(f_D), y) (Eq. 4), combined by Eq. (5)
+  ``(1-l1)*CE + l1*CACL + l2*CAFL`` or FedIG's Eq. (6) ``CE + l1*CACL + l2*CAFL``.
+* FedFD-A (FedIG-A) adds the instance feature adapter (FedFD-A §3.3, Eq. 6-7): per BN layer,
+  two FC layers map ``[mu_i - mu_G; sigma_i - sigma_G]`` to (delta, eps);
+  ``alpha = clamp(z*delta + eps, 0, 1)``, z ~ N(0, 1), in training and ``clamp(eps)`` at
+  inference; the layer normalises with ``alpha*mu_i + (1-alpha)*mu_G``. Each local iteration
+  first updates the main network (adapter frozen), then the adapter with CE (main network
+  frozen), as FedIG-A's pseudo-code (Table 13). Adapters are aggregated by FedAvg.
+
+Choices where the papers are silent, each an option:
+
+* ``mu_i, sigma_i`` are per-sample statistics over the spatial positions; sigma is
+  ``sqrt(var + eps)`` for instance and global statistics alike, and sigma is interpolated.
+* mu_G, sigma_G in local training are the global model's running statistics received at the
+  start of the round (the n_k-weighted aggregate of the clients' statistics); the evaluated
+  global model's running statistics are the same aggregate.
+* CACL updates only the classifier (FedIG §4.1, "following Li et al. (2019)"):
+  ``cacl_classifier_only``. CAFL's gradient reaches both feature passes.
+* The adapter's hidden width is ``C // adapter_reduction`` (at least 4): with reduction 16 it
+  adds 0.22M parameters to ResNet-18, FedFD-A Table 4's 11.31M -> 11.53M. ReLU between the two
+  layers. alpha is one scalar per layer and sample (FedFD-A) or per channel (FedIG):
+  ``adapter_alpha``.
+* The diversified and adapter passes never update running statistics.
+* Inference modes (FedFD-A Table 3 c1/c2), all evaluated in one run: ``global`` (running
+  statistics), ``instance`` (instance statistics, i.e. TBN with batch size 1), ``fixed``
+  (alpha = ``fixed_alpha``), ``random`` (alpha ~ U(0, 1) per sample and layer) and, for
+  FedFD-A, ``adapter``. The first mode of ``eval_modes`` drives model selection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from raydg import state
+from raydg.errors import RaydgError
+from raydg.methods import ClientContext, Method, register
+from raydg.models import ModelSpec, bn_keys
+
+
+class MixBN(nn.BatchNorm2d):
+    """BatchNorm whose statistics depend on ``mode``:
+
+    ``batch`` is plain BatchNorm (batch statistics in training, running ones in eval); the other
+    modes normalise each sample with ``w*instance + (1-w)*reference`` statistics, where the
+    reference is the global statistics set by :func:`set_reference` (else the running ones) and
+    w is u ~ U(u_range) per channel (``mix``), 1 (``instance``), ``fixed_alpha``, U(0, 1) per
+    sample (``random``) or the adapter's alpha (``adapter``).
+    """
+
+    def __init__(self, bn: nn.BatchNorm2d, u_range: tuple[float, float], fixed_alpha: float,
+                 adapter_hidden: int | None, adapter_channels: bool) -> None:
+        super().__init__(bn.num_features, bn.eps, bn.momentum, bn.affine,
+                         bn.track_running_stats)
+        self.load_state_dict(bn.state_dict())
+        self.mode = "batch"
+        self.u_range, self.fixed_alpha = u_range, fixed_alpha
+        self.reference: tuple[Tensor, Tensor] | None = None
+        c = bn.num_features
+        self.adapter = None if adapter_hidden is None else nn.Sequential(
+            nn.Linear(2 * c, adapter_hidden), nn.ReLU(),
+            nn.Linear(adapter_hidden, 2 * (c if adapter_channels else 1)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.mode == "batch":
+            return super().forward(x)
+        mu_i = x.mean(dim=(2, 3))
+        sigma_i = (x.var(dim=(2, 3), unbiased=False) + self.eps).sqrt()
+        mu_g, var_g = self.reference or (self.running_mean, self.running_var)
+        sigma_g = (var_g + self.eps).sqrt()
+        w = self.mix_weight(mu_i, sigma_i, mu_g, sigma_g)
+        mu = w * mu_i + (1 - w) * mu_g
+        sigma = w * sigma_i + (1 - w) * sigma_g
+        out = (x - mu[:, :, None, None]) / sigma[:, :, None, None]
+        return out * self.weight[None, :, None, None] + self.bias[None, :, None, None]
+
+    def mix_weight(self, mu_i: Tensor, sigma_i: Tensor, mu_g: Tensor, sigma_g: Tensor) -> Tensor:
+        """The instance weight w, broadcastable to (N, C)."""
+        n, c = mu_i.shape
+        if self.mode == "mix":  # Eq. (2): u per channel, shared by the batch, new every call
+            return torch.empty(1, c, device=mu_i.device).uniform_(*self.u_range)
+        if self.mode == "instance":
+            return torch.ones(1, 1, device=mu_i.device)
+        if self.mode == "fixed":
+            return torch.full((1, 1), self.fixed_alpha, device=mu_i.device)
+        if self.mode == "random":
+            return torch.rand(n, 1, device=mu_i.device)
+        if self.mode == "adapter" and self.adapter is not None:
+            return self.adapter_alpha(mu_i, sigma_i, mu_g, sigma_g)
+        raise ValueError(f"MixBN mode {self.mode!r} is not available here")
+
+    def adapter_alpha(self, mu_i: Tensor, sigma_i: Tensor, mu_g: Tensor,
+                      sigma_g: Tensor) -> Tensor:
+        """Eq. (7): alpha = T(z*delta + eps) in training, T(eps) at inference."""
+        assert self.adapter is not None
+        delta, eps = self.adapter(torch.cat([mu_i - mu_g, sigma_i - sigma_g], dim=1)).chunk(2, 1)
+        raw = eps + torch.randn_like(delta) * delta if self.training else eps
+        return raw.clamp(0.0, 1.0)
+
+
+def mix_layers(model: nn.Module) -> list[tuple[str, MixBN]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, MixBN)]
+
+
+@contextlib.contextmanager
+def _layers_set(model: nn.Module, attribute: str, value: object) -> Iterator[None]:
+    """Set ``attribute`` of every MixBN of ``model`` inside the block, then restore it."""
+    layers = [m for _, m in mix_layers(model)]
+    saved = [getattr(m, attribute) for m in layers]
+    for m in layers:
+        setattr(m, attribute, value)
+    try:
+        yield
+    finally:
+        for m, v in zip(layers, saved, strict=True):
+            setattr(m, attribute, v)
+
+
+def bn_mode(model: nn.Module, mode: str) -> contextlib.AbstractContextManager[None]:
+    """Run every MixBN of ``model`` in ``mode`` inside the block."""
+    return _layers_set(model, "mode", mode)
+
+
+def own_statistics(model: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Inside the block mu_G, sigma_G are the model's own running statistics."""
+    return _layers_set(model, "reference", None)
+
+
+def set_reference(model: nn.Module, global_state: state.State) -> None:
+    """Use the global running statistics of ``global_state`` as mu_G, sigma_G."""
+    for name, m in mix_layers(model):
+        m.reference = tuple(torch.tensor(global_state[f"{name}.{k}"]).to(m.running_mean.device)
+                            for k in ("running_mean", "running_var"))
+
+
+def _replace_bn(module: nn.Module, make) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            setattr(module, name, make(child))
+        else:
+            _replace_bn(child, make)
+
+
+@contextlib.contextmanager
+def frozen(params: list[nn.Parameter]) -> Iterator[None]:
+    """Parameters get no gradient (and so no update) inside the block."""
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+@dataclass
+class FedFDOptions:
+    base: str = "silobn"  # BN framework: silobn | fedbn | fedavg (FedFD-A Table 1)
+    u_low: float = 0.0  # u ~ U(u_low, u_high) in Eq. (2); equal bounds give a fixed u
+    u_high: float = 1.0
+    lambda1: float = 0.1
+    lambda2: float = 4.0
+    objective: str = "fedfd-a"  # Eq. (5) of FedFD-A, or "fedig": Eq. (6) of FedIG
+    losses: str = "both"  # both | cafl | cacl (FedIG Table 2)
+    cacl_classifier_only: bool = True  # FedIG §4.1
+    fixed_alpha: float = 0.5  # the "fixed" inference mode
+    eval_modes: list[str] = field(
+        default_factory=lambda: ["global", "instance", "fixed", "random"])
+
+
+@register("fedig")
+class FedFD(Method):
+    """Feature diversification with mixed instance-global statistics and client-agnostic
+    losses (FedFD-A §3.2, Eq. 2-5)."""
+
+    name = "fedfd"
+    Options = FedFDOptions
+    paper = "Yang et al., FedFD-A Eq. (2)-(5); FedIG Eq. (3)-(6)"
+    uses_adapter = False
+
+    @classmethod
+    def check_options(cls, o: FedFDOptions) -> None:
+        checks = {
+            "base": o.base in ("silobn", "fedbn", "fedavg"),
+            "objective": o.objective in ("fedfd-a", "fedig"),
+            "losses": o.losses in ("both", "cafl", "cacl"),
+            "u_low/u_high": o.u_low <= o.u_high,
+            "eval_modes": bool(o.eval_modes) and set(o.eval_modes) <= set(cls.modes()),
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise RaydgError(f"{cls.name}: invalid option(s) {bad}; eval modes: {cls.modes()}")
+
+    @classmethod
+    def modes(cls) -> tuple[str, ...]:
+        return ("adapter",) * cls.uses_adapter + ("global", "instance", "fixed", "random")
+
+    def __init__(self, options: FedFDOptions | None = None) -> None:
+        super().__init__(options)
+        self.eval_modes = tuple(self.options.eval_modes)
+
+    # ------------------------------------------------------------------ model
+    def adapter_hidden(self, channels: int) -> int | None:
+        return None
+
+    def build_model(self, spec: ModelSpec) -> nn.Module:
+        model = super().build_model(spec)
+        o = self.options
+        _replace_bn(model.features, lambda bn: MixBN(
+            bn, (o.u_low, o.u_high), o.fixed_alpha, self.adapter_hidden(bn.num_features),
+            getattr(o, "adapter_alpha", "scalar") == "channel"))
+        return model
+
+    def local_keys(self, model: nn.Module) -> set[str]:
+        if self.options.base == "fedbn":
+            return bn_keys(model)
+        if self.options.base == "silobn":
+            return {k for k in bn_keys(model) if state.is_bn_statistic(k)}
+        return set()
+
+    # ------------------------------------------------------------------ training
+    def start_round(self, ctx: ClientContext) -> None:
+        super().start_round(ctx)
+        set_reference(ctx.model, ctx.global_state)
+
+    def client_agnostic_losses(self, model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tensor]:
+        """CE on f (batch statistics), CACL (Eq. 4) and CAFL (Eq. 3) on the diversified f_D."""
+        f = model.features(x)
+        ce = F.cross_entropy(model.classifier(f), y)
+        with bn_mode(model, "mix"):
+            f_d = model.features(x)
+        head_input = f_d.detach() if self.options.cacl_classifier_only else f_d
+        cacl = F.cross_entropy(model.classifier(head_input), y)
+        cafl = ((f - f_d) ** 2).sum(dim=1).mean()
+        return {"ce": ce, "cacl": cacl, "cafl": cafl}
+
+    def loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> Tensor:
+        """Eq. (5) of FedFD-A, or Eq. (6) of FedIG with ``objective="fedig"``."""
+        o = self.options
+        parts = self.client_agnostic_losses(ctx.model, x, y)
+        l1 = o.lambda1 if o.losses in ("both", "cacl") else 0.0
+        l2 = o.lambda2 if o.losses in ("both", "cafl") else 0.0
+        ce_weight = 1.0 - l1 if o.objective == "fedfd-a" else 1.0
+        return ce_weight * parts["ce"] + l1 * parts["cacl"] + l2 * parts["cafl"]
+
+    # ------------------------------------------------------------------ inference
+    def predict(self, model: nn.Module, x: Tensor, mode: str) -> Tensor:
+        """One forward pass; mu_G, sigma_G are the evaluated model's running statistics."""
+        with own_statistics(model), bn_mode(model, {"global": "batch"}.get(mode, mode)):
+            return model(x)
+
+
+@dataclass
+class FedFDAOptions(FedFDOptions):
+    adapter_alpha: str = "scalar"  # one alpha per layer and sample (FedFD-A) or per channel
+    adapter_reduction: int = 16  # hidden width C // reduction (Table 4: +0.22M on ResNet-18)
+    eval_modes: list[str] = field(
+        default_factory=lambda: ["adapter", "global", "instance", "fixed", "random"])
+
+
+@register("fedig-a")
+class FedFDA(FedFD):
+    """FedFD plus the instance feature adapter, trained alternately (FedFD-A §3.3, Eq. 6-7)."""
+
+    name = "fedfd-a"
+    Options = FedFDAOptions
+    paper = "Yang et al., FedFD-A Eq. (2)-(7); FedIG-A Eq. (3)-(9)"
+    uses_adapter = True
+
+    @classmethod
+    def check_options(cls, o: FedFDAOptions) -> None:
+        super().check_options(o)
+        if o.adapter_alpha not in ("scalar", "channel") or o.adapter_reduction < 1:
+            raise RaydgError(f"{cls.name}: adapter_alpha must be scalar|channel and "
+                             "adapter_reduction >= 1")
+
+    def adapter_hidden(self, channels: int) -> int | None:
+        return max(4, channels // self.options.adapter_reduction)
+
+    @staticmethod
+    def split_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """(main network, adapters)."""
+        adapter_ids = {id(p) for _, m in mix_layers(model) for p in m.adapter.parameters()}
+        params = list(model.parameters())
+        return ([p for p in params if id(p) not in adapter_ids],
+                [p for p in params if id(p) in adapter_ids])
+
+    def start_round(self, ctx: ClientContext) -> None:
+        main, adapters = self.split_params(ctx.model)
+        ctx.optimizer = ctx.sgd(main)
+        ctx.scratch["adapter_optimizer"] = ctx.sgd(adapters)
+        ctx.scratch["params"] = (main, adapters)
+        set_reference(ctx.model, ctx.global_state)
+
+    def train_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float:
+        """One local iteration of FedIG-A Table 13: main network, then adapters."""
+        loss = self.main_step(ctx, x, y)
+        self.adapter_step(ctx, x, y)
+        return loss
+
+    def main_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float:
+        """The main network on Eq. (5), the adapters frozen."""
+        with frozen(ctx.scratch["params"][1]):
+            return super().train_step(ctx, x, y)
+
+    def adapter_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> None:
+        """The adapters on CE through the interpolated statistics (Eq. 6-7), the main network
+        frozen."""
+        opt = ctx.scratch["adapter_optimizer"]
+        opt.zero_grad(set_to_none=True)
+        with frozen(ctx.scratch["params"][0]), bn_mode(ctx.model, "adapter"):
+            F.cross_entropy(ctx.model(x), y).backward()
+        opt.step()

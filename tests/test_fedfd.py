@@ -1,0 +1,250 @@
+"""FedFD / FedFD-A against numpy evaluations of FedFD-A Eq. (2)-(7)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from raydg import state
+from raydg.client import ClientHost
+from raydg.datasets import load_dataset
+from raydg.methods import METHODS
+from raydg.methods.fedfd import MixBN, bn_mode, mix_layers, set_reference
+from raydg.models import ModelSpec
+from raydg.partition import make_clients
+from tests.conftest import tiny_config
+
+EPS = 1e-5
+
+
+def _mixbn(channels=3, adapter_hidden=None, u=(0.0, 1.0), fixed=0.5, per_channel=False):
+    torch.manual_seed(0)
+    bn = nn.BatchNorm2d(channels, eps=EPS)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.5, 0.5)
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    return MixBN(bn, u, fixed, adapter_hidden, per_channel)
+
+
+def _np_mixed(x, w, mu_g, var_g, gamma, beta):
+    """Eq. (2)/(6) in numpy: normalise with w*instance + (1-w)*global statistics."""
+    mu_i = x.mean(axis=(2, 3))
+    sigma_i = np.sqrt(x.var(axis=(2, 3)) + EPS)
+    sigma_g = np.sqrt(var_g + EPS)
+    mu = w * mu_i + (1 - w) * mu_g
+    sigma = w * sigma_i + (1 - w) * sigma_g
+    out = (x - mu[:, :, None, None]) / sigma[:, :, None, None]
+    return out * gamma[None, :, None, None] + beta[None, :, None, None]
+
+
+def _params(layer):
+    return (layer.running_mean.numpy(), layer.running_var.numpy(),
+            layer.weight.detach().numpy(), layer.bias.detach().numpy())
+
+
+def test_mixed_statistics_match_numpy():
+    layer = _mixbn(u=(0.2, 0.9))
+    x = torch.randn(4, 3, 5, 5) * 2 + 1
+    torch.manual_seed(123)
+    with bn_mode(layer, "mix"):
+        out = layer(x).detach().numpy()
+    torch.manual_seed(123)
+    u = torch.empty(1, 3).uniform_(0.2, 0.9).numpy()  # one u per channel, shared by the batch
+    assert np.all((u >= 0.2) & (u <= 0.9))
+    np.testing.assert_allclose(out, _np_mixed(x.numpy(), u, *_params(layer)), rtol=1e-5,
+                               atol=1e-5)
+    for mode, w in (("instance", 1.0), ("fixed", 0.5)):
+        with bn_mode(layer, mode):
+            got = layer(x).detach().numpy()
+        np.testing.assert_allclose(got, _np_mixed(x.numpy(), w, *_params(layer)), rtol=1e-5,
+                                   atol=1e-5)
+
+
+def test_mix_uses_the_global_reference_statistics():
+    layer = _mixbn()
+    mu_g, var_g = np.array([5.0, -2.0, 0.0]), np.array([4.0, 0.25, 1.0])
+    set_reference(nn.Sequential(layer), {"0.running_mean": mu_g, "0.running_var": var_g})
+    x = torch.randn(2, 3, 4, 4)
+    with bn_mode(layer, "fixed"):  # w = 0.5
+        got = layer(x).detach().numpy()
+    _, _, gamma, beta = _params(layer)
+    np.testing.assert_allclose(got, _np_mixed(x.numpy(), 0.5, mu_g, var_g, gamma, beta),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _fedfd(name="fedfd", **options):
+    cls = METHODS.get(name)
+    return cls(cls.parse_options(options))
+
+
+def _model(method, channels=3):
+    """A model whose mu_G, sigma_G are pinned to its initial statistics, as ``start_round`` pins
+    them to the received global ones (training-mode passes then cannot move them)."""
+    torch.manual_seed(0)
+    model = method.build_model(ModelSpec("cnn", channels, 10, 16))
+    set_reference(model, state.to_numpy(model))
+    return model
+
+
+def test_client_agnostic_losses_match_their_equations():
+    method = _fedfd()
+    model = _model(method).train()
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    torch.manual_seed(7)
+    parts = method.client_agnostic_losses(model, x, y)
+    # recompute both feature passes with the same random draws, then the losses in numpy
+    torch.manual_seed(7)
+    with torch.no_grad():
+        f = model.features(x)
+        with bn_mode(model, "mix"):
+            f_d = model.features(x)
+        logits_d = model.classifier(f_d).numpy()
+    f, f_d, yn = f.numpy(), f_d.numpy(), y.numpy()
+    cafl = np.mean(np.sum((f - f_d) ** 2, axis=1))  # Eq. (3)
+    z = logits_d - logits_d.max(axis=1, keepdims=True)
+    cacl = np.mean(-(z[np.arange(8), yn] - np.log(np.exp(z).sum(axis=1))))  # Eq. (4)
+    assert parts["cafl"].item() == pytest.approx(cafl, rel=1e-4)
+    assert parts["cacl"].item() == pytest.approx(cacl, rel=1e-5)
+    assert parts["cafl"].item() > 0
+
+
+@pytest.mark.parametrize(("options", "weights"), [
+    ({}, (0.9, 0.1, 4.0)),  # FedFD-A Eq. (5)
+    ({"objective": "fedig"}, (1.0, 0.1, 4.0)),  # FedIG Eq. (6)
+    ({"losses": "cafl"}, (1.0, 0.0, 4.0)),
+    ({"losses": "cacl"}, (0.9, 0.1, 0.0)),
+])
+def test_total_loss_weights(options, weights):
+    method = _fedfd(**options)
+    model = _model(method).train()
+    ctx = type("Ctx", (), {"model": model})()
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    torch.manual_seed(3)
+    total = method.loss(ctx, x, y).item()
+    torch.manual_seed(3)
+    p = {k: v.item() for k, v in method.client_agnostic_losses(model, x, y).items()}
+    assert total == pytest.approx(weights[0] * p["ce"] + weights[1] * p["cacl"]
+                                  + weights[2] * p["cafl"], rel=1e-5)
+
+
+def test_cacl_updates_only_the_classifier():
+    method = _fedfd(losses="cacl", lambda1=1.0)  # loss = 0*CE + CACL
+    model = _model(method).train()
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    ctx = type("Ctx", (), {"model": model})()
+    method.loss(ctx, x, y).backward()
+    assert all(p.grad is None or not p.grad.any() for p in model.features.parameters())
+    assert model.classifier.weight.grad.abs().sum() > 0
+
+
+def test_adapter_alpha_range_mean_and_inference():
+    layer = _mixbn(channels=4, adapter_hidden=4)
+    with torch.no_grad():  # make eps and delta spread well beyond [0, 1]
+        layer.adapter[2].weight.mul_(20)
+        layer.adapter[2].bias.copy_(torch.tensor([0.5, 0.4]))  # delta bias, eps bias
+    x = torch.randn(16, 4, 3, 3) * 3
+    mu_i = x.mean(dim=(2, 3))
+    sigma_i = (x.var(dim=(2, 3), unbiased=False) + EPS).sqrt()
+    mu_g, sigma_g = layer.running_mean, (layer.running_var + EPS).sqrt()
+    with torch.no_grad():
+        delta, eps = layer.adapter(torch.cat([mu_i - mu_g, sigma_i - sigma_g], 1)).chunk(2, 1)
+        layer.train()
+        torch.manual_seed(0)
+        draws = torch.stack([layer.adapter_alpha(mu_i, sigma_i, mu_g, sigma_g)
+                             for _ in range(4000)])
+        layer.eval()
+        test_alpha = layer.adapter_alpha(mu_i, sigma_i, mu_g, sigma_g)
+    assert draws.shape == (4000, 16, 1) and draws.min() >= 0 and draws.max() <= 1
+    assert (draws == 0).any() and (draws == 1).any()  # the clamp T is active at both ends
+    # reparameterised: alpha = clamp(z*delta + eps); E[clamp(...)] under z ~ N(0, 1)
+    z = np.random.default_rng(0).standard_normal((200_000, 1, 1))
+    expected = np.clip(z * delta.numpy() + eps.numpy(), 0, 1).mean(axis=0)
+    np.testing.assert_allclose(draws.mean(0).numpy(), expected, atol=0.03)
+    np.testing.assert_array_equal(test_alpha.numpy(), eps.clamp(0, 1).numpy())  # T(eps)
+
+
+def _host(method_name):
+    cfg = tiny_config(method=method_name, local_steps=3)
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)
+    spec = ModelSpec(cfg.model, data.channels, 10, cfg.image_size)
+    method = METHODS.get(method_name)()
+    return ClientHost(method, cfg, spec, data.mean, data.std, clients), method, spec
+
+
+def test_alternating_steps_leave_the_frozen_half_unchanged():
+    host, method, spec = _host("fedfd-a")
+    torch.manual_seed(0)
+    global_state = state.to_numpy(method.build_model(spec))
+    ctx = host._context(0, 1, global_state)
+    method.start_round(ctx)
+    main, adapters = method.split_params(ctx.model)
+    assert adapters and len(main) + len(adapters) == len(list(ctx.model.parameters()))
+    x, y = next(ctx.batches())
+    snap = {id(p): p.detach().clone() for p in ctx.model.parameters()}
+    method.main_step(ctx, x, y)
+    assert all(torch.equal(p, snap[id(p)]) for p in adapters)
+    assert any(not torch.equal(p, snap[id(p)]) for p in main)
+    snap = {id(p): p.detach().clone() for p in ctx.model.parameters()}
+    buffers = {k: v.clone() for k, v in ctx.model.state_dict().items() if "running" in k}
+    method.adapter_step(ctx, x, y)
+    assert all(torch.equal(p, snap[id(p)]) for p in main)
+    assert any(not torch.equal(p, snap[id(p)]) for p in adapters)
+    assert all(torch.equal(v, buffers[k]) for k, v in ctx.model.state_dict().items()
+               if "running" in k)
+
+
+def test_global_statistics_are_the_weighted_aggregate():
+    host, method, spec = _host("fedfd")
+    torch.manual_seed(0)
+    initial = state.to_numpy(method.build_model(spec))
+    uploads = [host.train(c, initial, 1) for c in sorted(host.slots)]
+    new_global = state.weighted_average([u.state for u in uploads],
+                                        [u.num_samples for u in uploads])
+    ctx = host._context(0, 2, new_global)
+    method.start_round(ctx)
+    n = np.array([u.num_samples for u in uploads], dtype=np.float64)
+    for name, layer in mix_layers(ctx.model):
+        for i, key in enumerate(("running_mean", "running_var")):
+            stats = np.stack([u.state[f"{name}.{key}"] for u in uploads])
+            expected = (n[:, None] * stats).sum(0) / n.sum()
+            np.testing.assert_allclose(layer.reference[i].numpy(), expected, rtol=1e-6)
+    # SiloBN base: the client's own running statistics stay local
+    assert host.local_keys == {k for k in new_global if "running" in k or "tracked" in k}
+
+
+def test_inference_is_one_forward_pass_per_mode():
+    method = _fedfd("fedfd-a")
+    model = _model(method).eval()
+    calls = []
+    model.features.register_forward_hook(lambda *_: calls.append(1))
+    x = torch.randn(5, 3, 16, 16)
+    for mode in method.eval_modes:
+        calls.clear()
+        with torch.no_grad():
+            out = method.predict(model, x, mode)
+        assert out.shape == (5, 10) and len(calls) == 1, mode
+    assert method.eval_modes[0] == "adapter"
+
+
+def test_adapter_parameter_count_matches_table_4():
+    """FedFD-A Table 4: ResNet-18 grows by 0.22M parameters (11.31M -> 11.53M)."""
+    spec = ModelSpec("resnet18", 3, 7, 224)
+    base = sum(p.numel() for p in METHODS.get("fedfd")().build_model(spec).parameters())
+    with_adapter = sum(p.numel() for p in _fedfd("fedfd-a").build_model(spec).parameters())
+    assert (with_adapter - base) / 1e6 == pytest.approx(0.22, abs=0.005)
+
+
+def test_fedfd_a_runs_on_ray_and_reports_every_inference_mode(ray_session):
+    from raydg.simulation import Simulation
+
+    cfg = tiny_config(method="fedfd-a", rounds=2, local_steps=2, clients=4, actors=2)
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    result = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None).run()
+    assert set(result.selected) == {"adapter", "global", "instance", "fixed", "random"}
+    assert result.history[-1]["target_acc"] == result.history[-1]["target_acc/adapter"]
+    assert all(np.isfinite(r["train_loss"]) for r in result.history)
