@@ -248,3 +248,28 @@ def test_fedfd_a_runs_on_ray_and_reports_every_inference_mode(ray_session):
     assert set(result.selected) == {"adapter", "global", "instance", "fixed", "random"}
     assert result.history[-1]["target_acc"] == result.history[-1]["target_acc/adapter"]
     assert all(np.isfinite(r["train_loss"]) for r in result.history)
+
+
+def test_mixstyle_statistics_match_numpy():
+    """Table 3(b): each sample normalised with lambda*own + (1-lambda)*partner statistics."""
+    layer = _mixbn()
+    x = torch.randn(6, 3, 4, 4) * 2
+    torch.manual_seed(11)
+    with bn_mode(layer, "mixstyle"):
+        got = layer(x).detach().numpy()
+    torch.manual_seed(11)
+    perm = torch.randperm(6).numpy()
+    lam = torch.distributions.Beta(0.1, 0.1).sample((6, 1)).numpy()
+    xn = x.numpy()
+    mu_i, sigma_i = xn.mean(axis=(2, 3)), np.sqrt(xn.var(axis=(2, 3)) + EPS)
+    mu = lam * mu_i + (1 - lam) * mu_i[perm]
+    sigma = lam * sigma_i + (1 - lam) * sigma_i[perm]
+    _, _, gamma, beta = _params(layer)
+    expected = (xn - mu[:, :, None, None]) / sigma[:, :, None, None]
+    expected = expected * gamma[None, :, None, None] + beta[None, :, None, None]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    method = _fedfd(augment="mixstyle")
+    model = _model(method).train()
+    parts = method.client_agnostic_losses(model, torch.randn(8, 3, 16, 16),
+                                          torch.randint(0, 10, (8,)))
+    assert parts["cafl"].item() > 0

@@ -49,6 +49,8 @@ from raydg.errors import RaydgError
 from raydg.methods import ClientContext, Method, register
 from raydg.models import ModelSpec, bn_keys
 
+MIXSTYLE_ALPHA = 0.1  # Zhou et al., ICLR 2021
+
 
 class MixBN(nn.BatchNorm2d):
     """BatchNorm whose statistics depend on ``mode``:
@@ -57,7 +59,9 @@ class MixBN(nn.BatchNorm2d):
     modes normalise each sample with ``w*instance + (1-w)*reference`` statistics, where the
     reference is the global statistics set by :func:`set_reference` (else the running ones) and
     w is u ~ U(u_range) per channel (``mix``), 1 (``instance``), ``fixed_alpha``, U(0, 1) per
-    sample (``random``) or the adapter's alpha (``adapter``).
+    sample (``random``) or the adapter's alpha (``adapter``). ``mixstyle`` instead mixes each
+    sample's (detached) statistics with those of another sample of the batch, weight
+    lambda ~ Beta(0.1, 0.1).
     """
 
     def __init__(self, bn: nn.BatchNorm2d, u_range: tuple[float, float], fixed_alpha: float,
@@ -76,15 +80,21 @@ class MixBN(nn.BatchNorm2d):
     def forward(self, x: Tensor) -> Tensor:
         if self.mode == "batch":
             return super().forward(x)
-        mu_i = x.mean(dim=(2, 3))
-        sigma_i = (x.var(dim=(2, 3), unbiased=False) + self.eps).sqrt()
-        mu_g, var_g = self.reference or (self.running_mean, self.running_var)
-        sigma_g = (var_g + self.eps).sqrt()
+        var_i, mu_i = torch.var_mean(x, dim=(2, 3), unbiased=False)
+        sigma_i = (var_i + self.eps).sqrt()
+        if self.mode == "mixstyle":  # Table 3(b): MixStyle statistics in place of Eq. (2)
+            perm = torch.randperm(len(x), device=x.device)
+            mu_i, sigma_i = mu_i.detach(), sigma_i.detach()
+            mu_g, sigma_g = mu_i[perm], sigma_i[perm]
+        else:
+            mu_g, var_g = self.reference or (self.running_mean, self.running_var)
+            sigma_g = (var_g + self.eps).sqrt()
         w = self.mix_weight(mu_i, sigma_i, mu_g, sigma_g)
         mu = w * mu_i + (1 - w) * mu_g
         sigma = w * sigma_i + (1 - w) * sigma_g
-        out = (x - mu[:, :, None, None]) / sigma[:, :, None, None]
-        return out * self.weight[None, :, None, None] + self.bias[None, :, None, None]
+        scale = self.weight / sigma  # one fused multiply-add over x: (x - mu)/sigma*g + b
+        shift = self.bias - mu * scale
+        return x * scale[:, :, None, None] + shift[:, :, None, None]
 
     def mix_weight(self, mu_i: Tensor, sigma_i: Tensor, mu_g: Tensor, sigma_g: Tensor) -> Tensor:
         """The instance weight w, broadcastable to (N, C)."""
@@ -97,6 +107,9 @@ class MixBN(nn.BatchNorm2d):
             return torch.full((1, 1), self.fixed_alpha, device=mu_i.device)
         if self.mode == "random":
             return torch.rand(n, 1, device=mu_i.device)
+        if self.mode == "mixstyle":  # lambda ~ Beta(0.1, 0.1) per sample (Zhou et al.)
+            return torch.distributions.Beta(MIXSTYLE_ALPHA, MIXSTYLE_ALPHA).sample((n, 1)).to(
+                mu_i.device)
         if self.mode == "adapter" and self.adapter is not None:
             return self.adapter_alpha(mu_i, sigma_i, mu_g, sigma_g)
         raise ValueError(f"MixBN mode {self.mode!r} is not available here")
@@ -174,6 +187,7 @@ class FedFDOptions:
     lambda2: float = 4.0
     objective: str = "fedfd-a"  # Eq. (5) of FedFD-A, or "fedig": Eq. (6) of FedIG
     losses: str = "both"  # both | cafl | cacl (FedIG Table 2)
+    augment: str = "mixed"  # mixed statistics (Eq. 2) | mixstyle (Table 3b)
     cacl_classifier_only: bool = True  # FedIG §4.1
     fixed_alpha: float = 0.5  # the "fixed" inference mode
     eval_modes: list[str] = field(
@@ -196,6 +210,7 @@ class FedFD(Method):
             "base": o.base in ("silobn", "fedbn", "fedavg"),
             "objective": o.objective in ("fedfd-a", "fedig"),
             "losses": o.losses in ("both", "cafl", "cacl"),
+            "augment": o.augment in ("mixed", "mixstyle"),
             "u_low/u_high": o.u_low <= o.u_high,
             "eval_modes": bool(o.eval_modes) and set(o.eval_modes) <= set(cls.modes()),
         }
@@ -239,7 +254,7 @@ class FedFD(Method):
         """CE on f (batch statistics), CACL (Eq. 4) and CAFL (Eq. 3) on the diversified f_D."""
         f = model.features(x)
         ce = F.cross_entropy(model.classifier(f), y)
-        with bn_mode(model, "mix"):
+        with bn_mode(model, "mix" if self.options.augment == "mixed" else "mixstyle"):
             f_d = model.features(x)
         head_input = f_d.detach() if self.options.cacl_classifier_only else f_d
         cacl = F.cross_entropy(model.classifier(head_input), y)
