@@ -177,6 +177,15 @@ class Evaluator(Runtime):
         super().__init__(method, cfg, spec, mean, std)
         self.x, self.y = x, y
 
+    def analyze(self, global_state: st.State) -> dict[str, list[dict]]:
+        """The method's analysis of the global model on the target images."""
+        st.load(self.model, global_state)
+        self.model.eval()
+        bs = self.cfg.eval_batch_size
+        with torch.no_grad():
+            return self.method.analyze(
+                self.model, (self.inputs(self.x[i:i + bs]) for i in range(0, len(self.y), bs)))
+
     def evaluate(self, global_state: st.State) -> dict[str, float]:
         st.load(self.model, global_state)
         return {m: self.accuracy(self.model, self.x, self.y, m) for m in self.method.eval_modes}

@@ -23,6 +23,27 @@ def write_table(rows: Sequence[dict[str, Any]], stem: Path) -> None:
     pcsv.write_csv(table, stem.with_suffix(".csv"))
 
 
+def box_plot(rows: Sequence[dict[str, Any]], group: str, value: str, path: Path) -> None:
+    """One box per value of ``group`` (in first-seen order), e.g. alpha per BN layer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[Any, list[float]] = {}
+    for r in rows:
+        groups.setdefault(r[group], []).append(float(r[value]))
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * len(groups) + 1.5), 3.5))
+    ax.boxplot(list(groups.values()), showfliers=False)
+    ax.set_xticks(range(1, len(groups) + 1), [str(g) for g in groups], rotation=60,
+                  ha="right", fontsize=7)
+    ax.set_xlabel(group)
+    ax.set_ylabel(value)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def long_rows(method: str, results: Sequence[SimulationResult]) -> list[dict[str, Any]]:
     """One row per (target, seed, inference mode, selection), accuracy in percent."""
     return [

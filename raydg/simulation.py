@@ -41,6 +41,7 @@ class SimulationResult:
     last: dict[str, float]  # ... and at the last round
     global_state: st.State
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    plots: dict[str, tuple[str, str]] = field(default_factory=dict)  # table -> (group, value)
 
 
 class Simulation:
@@ -171,6 +172,9 @@ class Simulation:
                 pending = (row, futures, start)
             if pending is not None:
                 finish(*pending)
+            analysis = ray.get(self.evaluator.analyze.remote(ray.put(self.global_state)))
+            for name, rows in analysis.items():
+                self.tables[f"target_{name}"] = rows
             return self._result(history)
         finally:
             self.pool.shutdown()
@@ -189,4 +193,5 @@ class Simulation:
             selected={m.split("/", 1)[1]: best[m] for m in modes},
             last={m.split("/", 1)[1]: history[-1][m] for m in modes},
             global_state=self.global_state, tables=tables,
+            plots={f"target_{k}": v for k, v in self.method.plots.items()},
         )

@@ -247,6 +247,10 @@ def test_fedfd_a_runs_on_ray_and_reports_every_inference_mode(ray_session):
     result = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None).run()
     assert set(result.selected) == {"adapter", "global", "instance", "fixed", "random"}
     assert result.history[-1]["target_acc"] == result.history[-1]["target_acc/adapter"]
+    alphas = result.tables["target_alpha"]
+    assert len(alphas) == 3 * len(data.domain(cfg.target).y)  # 3 BN layers x target images
+    assert all(0 <= r["alpha"] <= 1 for r in alphas)
+    assert result.plots == {"target_alpha": ("layer", "alpha")}
     assert all(np.isfinite(r["train_loss"]) for r in result.history)
 
 
@@ -273,3 +277,24 @@ def test_mixstyle_statistics_match_numpy():
     parts = method.client_agnostic_losses(model, torch.randn(8, 3, 16, 16),
                                           torch.randint(0, 10, (8,)))
     assert parts["cafl"].item() > 0
+
+
+@pytest.mark.parametrize(("eps_bias", "expected"), [(0.3, 0.3), (1.7, 1.0), (-0.4, 0.0)])
+def test_alpha_analysis_reports_clamped_eps_per_layer_and_image(eps_bias, expected, tmp_path):
+    method = _fedfd("fedfd-a")
+    model = _model(method).eval()
+    layers = mix_layers(model)
+    with torch.no_grad():  # adapter output (delta, eps) = (0, eps_bias) for every input
+        for _, m in layers:
+            m.adapter[2].weight.zero_()
+            m.adapter[2].bias.copy_(torch.tensor([0.0, eps_bias]))
+    batches = (torch.randn(n, 3, 16, 16) for n in (4, 3))
+    rows = method.analyze(model, batches)["alpha"]
+    assert len(rows) == len(layers) * 7
+    assert [r["layer"] for r in rows[::7]] == [name for name, _ in layers]
+    assert all(r["alpha"] == pytest.approx(expected) for r in rows)
+    assert all(m.record is None for _, m in layers)
+    from raydg.results import box_plot
+
+    box_plot(rows, "layer", "alpha", tmp_path / "alpha.png")
+    assert (tmp_path / "alpha.png").read_bytes()[:4] == b"\x89PNG"

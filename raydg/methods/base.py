@@ -12,6 +12,7 @@ local training         ``start_round``, ``train_step``, ``loss``  FedProx, FedFD
 client phases          ``client_phase`` (called via ``Server``)   CSAC, CCST
 server phases          ``setup``, ``aggregate``, ``on_round_end`` CSAC, CCST
 inference              ``eval_modes``, ``predict``                FedFD-A's statistics modes
+analysis               ``analyze``, ``plots``                     FedFD-A's alpha per layer
 =====================  =========================================  ===========================
 
 Client-side hooks run inside the client's Ray actor and receive a :class:`ClientContext`;
@@ -187,6 +188,14 @@ class Method:
     def predict(self, model: nn.Module, x: Tensor, mode: str) -> Tensor:
         """Logits of the model in eval mode; ``mode`` is one of ``eval_modes``."""
         return model(x)
+
+    # ------------------------------------------------------------------ analysis
+    plots: ClassVar[dict[str, tuple[str, str]]] = {}  # table -> (group, value): a box plot
+
+    def analyze(self, model: nn.Module, batches: Iterator[Tensor]) -> dict[str, list[dict]]:
+        """Tables about the final global model on the target images (run once, on the
+        evaluator); each becomes an artifact ``target_<name>``, plotted if in ``plots``."""
+        return {}
 
     # ------------------------------------------------------------------ server side
     def setup(self, server: Server) -> None:

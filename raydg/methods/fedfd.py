@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -72,6 +73,7 @@ class MixBN(nn.BatchNorm2d):
         self.mode = "batch"
         self.u_range, self.fixed_alpha = u_range, fixed_alpha
         self.reference: tuple[Tensor, Tensor] | None = None
+        self.record: list[Tensor] | None = None  # when a list, adapter alphas are appended
         c = bn.num_features
         self.adapter = None if adapter_hidden is None else nn.Sequential(
             nn.Linear(2 * c, adapter_hidden), nn.ReLU(),
@@ -120,7 +122,10 @@ class MixBN(nn.BatchNorm2d):
         assert self.adapter is not None
         delta, eps = self.adapter(torch.cat([mu_i - mu_g, sigma_i - sigma_g], dim=1)).chunk(2, 1)
         raw = eps + torch.randn_like(delta) * delta if self.training else eps
-        return raw.clamp(0.0, 1.0)
+        alpha = raw.clamp(0.0, 1.0)
+        if self.record is not None:
+            self.record.append(alpha.detach().mean(dim=1).cpu())
+        return alpha
 
 
 def mix_layers(model: nn.Module) -> list[tuple[str, MixBN]]:
@@ -303,6 +308,23 @@ class FedFDA(FedFD):
 
     def adapter_hidden(self, channels: int) -> int | None:
         return max(4, channels // self.options.adapter_reduction)
+
+    plots: ClassVar[dict[str, tuple[str, str]]] = {"alpha": ("layer", "alpha")}
+
+    def analyze(self, model: nn.Module, batches: Iterator[Tensor]) -> dict[str, list[dict]]:
+        """FedFD-A Fig. 4 / FedIG-A Fig. 7-9: the adapter's alpha = T(eps) in every BN layer for
+        every target image (averaged over channels when alpha is per channel)."""
+        layers = mix_layers(model)
+        for _, m in layers:
+            m.record = []
+        try:
+            for x in batches:
+                self.predict(model, x, "adapter")
+            return {"alpha": [{"layer": name, "alpha": float(a)}
+                              for name, m in layers for a in torch.cat(m.record)]}
+        finally:
+            for _, m in layers:
+                m.record = None
 
     @staticmethod
     def split_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
