@@ -51,11 +51,14 @@ class Tracker:
     def __enter__(self) -> Tracker:
         self.parent = self.mlflow.start_run(run_name=f"{self.cfg.method} {self.cfg.dataset}")
         self.mlflow.log_params(flat_params(self.cfg))
-        self.mlflow.set_tags({"raydg.method": self.cfg.method, "raydg.dataset": self.cfg.dataset})
+        self.mlflow.set_tags(self.tags())
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.mlflow.end_run(status="FAILED" if exc_type else "FINISHED")
+
+    def tags(self) -> dict[str, str]:
+        return {"raydg.method": self.cfg.method, "raydg.dataset": self.cfg.dataset}
 
     @property
     def run_id(self) -> str:
@@ -65,7 +68,7 @@ class Tracker:
     def child(self, target: str, seed: int) -> Iterator[None]:
         with self.mlflow.start_run(run_name=f"{target} seed={seed}", nested=True):
             self.mlflow.log_params({**flat_params(self.cfg), "target": target, "seed": seed})
-            self.mlflow.set_tags({"raydg.target": target, "raydg.seed": str(seed)})
+            self.mlflow.set_tags({**self.tags(), "raydg.target": target, "raydg.seed": str(seed)})
             yield
 
     def log_round(self, row: dict[str, float]) -> None:

@@ -37,6 +37,7 @@ def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
     assert "avg/selected/global" in parent.data.metrics
     for child in children:
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.tags["raydg.method"] == "fedprox"
         for metric in ("train_loss", "val_acc", "target_acc", "bytes_up", "bytes_down",
                        "round_seconds"):
             history = client.get_metric_history(child.info.run_id, metric)
