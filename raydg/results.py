@@ -23,21 +23,40 @@ def write_table(rows: Sequence[dict[str, Any]], stem: Path) -> None:
     pcsv.write_csv(table, stem.with_suffix(".csv"))
 
 
-def box_plot(rows: Sequence[dict[str, Any]], group: str, value: str, path: Path) -> None:
-    """One box per value of ``group`` (in first-seen order), e.g. alpha per BN layer."""
+def _grouped(rows: Sequence[dict[str, Any]], key: str) -> dict[Any, list[dict[str, Any]]]:
+    groups: dict[Any, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(r[key], []).append(r)
+    return groups
+
+
+def plot(rows: Sequence[dict[str, Any]], spec: tuple[str, ...], path: Path) -> None:
+    """Save a PNG of ``rows``: ``("box", group, value)`` draws one box per group (in first-seen
+    order, e.g. alpha per BN layer); ``("line", x, y, series)`` one line per series (e.g. a
+    layer's w_in over rounds)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups: dict[Any, list[float]] = {}
-    for r in rows:
-        groups.setdefault(r[group], []).append(float(r[value]))
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * len(groups) + 1.5), 3.5))
-    ax.boxplot(list(groups.values()), showfliers=False)
-    ax.set_xticks(range(1, len(groups) + 1), [str(g) for g in groups], rotation=60,
-                  ha="right", fontsize=7)
-    ax.set_xlabel(group)
+    kind, *cols = spec
+    if kind == "box":
+        group, value = cols
+        groups = _grouped(rows, group)
+        fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * len(groups) + 1.5), 3.5))
+        ax.boxplot([[float(r[value]) for r in g] for g in groups.values()], showfliers=False)
+        ax.set_xticks(range(1, len(groups) + 1), [str(g) for g in groups], rotation=60,
+                      ha="right", fontsize=7)
+        ax.set_xlabel(group)
+    elif kind == "line":
+        x, value, series = cols
+        fig, ax = plt.subplots(figsize=(5.5, 3.5))
+        for name, g in _grouped(rows, series).items():
+            ax.plot([r[x] for r in g], [float(r[value]) for r in g], label=str(name))
+        ax.set_xlabel(x)
+        ax.legend(fontsize=6, ncol=2)
+    else:
+        raise ValueError(f"unknown plot kind {kind!r}")
     ax.set_ylabel(value)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

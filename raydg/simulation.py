@@ -41,7 +41,7 @@ class SimulationResult:
     last: dict[str, float]  # ... and at the last round
     global_state: st.State
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    plots: dict[str, tuple[str, str]] = field(default_factory=dict)  # table -> (group, value)
+    plots: dict[str, tuple[str, ...]] = field(default_factory=dict)  # table -> plot spec
 
 
 class Simulation:
@@ -193,5 +193,5 @@ class Simulation:
             selected={m.split("/", 1)[1]: best[m] for m in modes},
             last={m.split("/", 1)[1]: history[-1][m] for m in modes},
             global_state=self.global_state, tables=tables,
-            plots={f"target_{k}": v for k, v in self.method.plots.items()},
+            plots=dict(self.method.plots),
         )

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from raydg.config import RunConfig, to_dict
-from raydg.results import box_plot, write_table
+from raydg.results import plot, write_table
 from raydg.simulation import SimulationResult
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -86,14 +86,14 @@ class Tracker:
 
     def log_tables(self, tables: dict[str, list[dict[str, Any]]],
                    text: dict[str, str] | None = None,
-                   plots: dict[str, tuple[str, str]] | None = None) -> None:
-        """Tables as Parquet and CSV, box plots (PNG) of those in ``plots``, text files."""
+                   plots: dict[str, tuple[str, ...]] | None = None) -> None:
+        """Tables as Parquet and CSV, plots (PNG) of those in ``plots``, text files."""
         with tempfile.TemporaryDirectory() as tmp:
             for name, rows in tables.items():
                 if rows:
                     write_table(rows, Path(tmp) / name)
                 if rows and name in (plots or {}):
-                    box_plot(rows, *plots[name], Path(tmp) / f"{name}.png")
+                    plot(rows, plots[name], Path(tmp) / f"{name}.png")
             for name, content in (text or {}).items():
                 (Path(tmp) / name).write_text(content)
             self.mlflow.log_artifacts(tmp)

@@ -250,7 +250,7 @@ def test_fedfd_a_runs_on_ray_and_reports_every_inference_mode(ray_session):
     alphas = result.tables["target_alpha"]
     assert len(alphas) == 3 * len(data.domain(cfg.target).y)  # 3 BN layers x target images
     assert all(0 <= r["alpha"] <= 1 for r in alphas)
-    assert result.plots == {"target_alpha": ("layer", "alpha")}
+    assert result.plots == {"target_alpha": ("box", "layer", "alpha")}
     assert all(np.isfinite(r["train_loss"]) for r in result.history)
 
 
@@ -294,7 +294,7 @@ def test_alpha_analysis_reports_clamped_eps_per_layer_and_image(eps_bias, expect
     assert [r["layer"] for r in rows[::7]] == [name for name, _ in layers]
     assert all(r["alpha"] == pytest.approx(expected) for r in rows)
     assert all(m.record is None for _, m in layers)
-    from raydg.results import box_plot
+    from raydg.results import plot
 
-    box_plot(rows, "layer", "alpha", tmp_path / "alpha.png")
+    plot(rows, ("box", "layer", "alpha"), tmp_path / "alpha.png")
     assert (tmp_path / "alpha.png").read_bytes()[:4] == b"\x89PNG"

@@ -153,3 +153,33 @@ def test_xan_weights_are_recorded_each_round():
     first = rows[0][1]
     assert first["w_in"] == pytest.approx(np.exp(2) / (np.exp(2) + np.exp(1)))
     assert all(r["w_in"] + r["w_bn"] == pytest.approx(1.0) for _, r in rows)
+
+
+def test_eval_client_takes_that_clients_bn_side(tmp_path):
+    from raydg.methods import Upload
+    from raydg.results import plot
+
+    method = _method(eval_client=1)
+    torch.manual_seed(0)
+    model = method.build_model(SPEC)
+    local = method.local_keys(model)
+    base = state.to_numpy(model)
+    rng = np.random.default_rng(0)
+    uploads = [Upload(c, n, {k: (v + rng.normal(size=v.shape)).astype(v.dtype)
+                             for k, v in base.items()}) for c, n in ((0, 30), (1, 10))]
+    server = type("S", (), {"config": tiny_config(), "global_state": base,
+                            "local_keys": local, "client_ids": [0, 1]})()
+    merged = method.aggregate(server, uploads)
+    for k in base:
+        if k in local:
+            np.testing.assert_array_equal(merged[k], uploads[1].state[k])
+        elif base[k].dtype.kind == "f":
+            expected = (30 * uploads[0].state[k] + 10 * uploads[1].state[k]) / 40
+            np.testing.assert_allclose(merged[k], expected, rtol=1e-5, atol=1e-6)
+    server.client_ids = [0]
+    with pytest.raises(Exception, match="eval_client 1"):
+        method.setup(server)
+    rows = [{"round": r, "layer": layer, "w_in": 0.5 + 0.01 * r} for r in (1, 2, 3)
+            for layer in ("a", "b")]
+    plot(rows, method.plots["xan_weights"], tmp_path / "w.png")
+    assert (tmp_path / "w.png").read_bytes()[:4] == b"\x89PNG"

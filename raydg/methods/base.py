@@ -12,7 +12,7 @@ local training         ``start_round``, ``train_step``, ``loss``  FedProx, FedFD
 client phases          ``client_phase`` (called via ``Server``)   CSAC, CCST
 server phases          ``setup``, ``aggregate``, ``on_round_end`` CSAC, CCST
 inference              ``eval_modes``, ``predict``                FedFD-A's statistics modes
-analysis               ``analyze``, ``plots``                     FedFD-A's alpha per layer
+analysis and plots     ``analyze``, ``plots``                     FedFD-A's alpha, XAN weights
 =====================  =========================================  ===========================
 
 Client-side hooks run inside the client's Ray actor and receive a :class:`ClientContext`;
@@ -103,6 +103,7 @@ class Server(Protocol):
     global_state: st.State
     client_ids: list[int]
     num_samples: dict[int, int]
+    local_keys: set[str]  # the method's local keys for this run's model
 
     def call_clients(self, phase: str, payload: Any = None, *, kind: str,
                      result_kind: str | None = None,
@@ -190,11 +191,12 @@ class Method:
         return model(x)
 
     # ------------------------------------------------------------------ analysis
-    plots: ClassVar[dict[str, tuple[str, str]]] = {}  # table -> (group, value): a box plot
+    # artifact table -> plot: ("box", group, value) or ("line", x, y, series)
+    plots: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def analyze(self, model: nn.Module, batches: Iterator[Tensor]) -> dict[str, list[dict]]:
         """Tables about the final global model on the target images (run once, on the
-        evaluator); each becomes an artifact ``target_<name>``, plotted if in ``plots``."""
+        evaluator); each becomes an artifact ``target_<name>``."""
         return {}
 
     # ------------------------------------------------------------------ server side

@@ -309,7 +309,7 @@ class FedFDA(FedFD):
     def adapter_hidden(self, channels: int) -> int | None:
         return max(4, channels // self.options.adapter_reduction)
 
-    plots: ClassVar[dict[str, tuple[str, str]]] = {"alpha": ("layer", "alpha")}
+    plots: ClassVar[dict[str, tuple[str, ...]]] = {"target_alpha": ("box", "layer", "alpha")}
 
     def analyze(self, model: nn.Module, batches: Iterator[Tensor]) -> dict[str, list[dict]]:
         """FedFD-A Fig. 4 / FedIG-A Fig. 7-9: the adapter's alpha = T(eps) in every BN layer for

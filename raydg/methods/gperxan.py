@@ -18,21 +18,25 @@ regularizer through the frozen global classifier.
   instance-normalised and the rest batch-normalised, all aggregated; ``lambda_reg=0`` drops the
   regulariser. ``perxan`` and ``gfedavg`` are these variants under their own names.
 * The per-layer (w_in, w_bn) of the aggregated model are recorded every round
-  (table ``xan_weights``, an artifact of the run).
+  (table ``xan_weights`` and a line plot of w_in, artifacts of the run).
+* ``eval_client=k`` evaluates the global model with client k's BN sides instead of the average
+  (§3.1 averages; the option shows what a single client's statistics give).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raydg.errors import RaydgError
-from raydg.methods import ClientContext, Method, Server, register
+from raydg.methods import ClientContext, Method, Server, Upload, register
 from raydg.models import ModelSpec
+from raydg.state import State
 
 
 class XAN(nn.Module):
@@ -97,6 +101,7 @@ class GPerXANOptions:
     lambda_reg: float = 0.5  # weight of the guiding regulariser, Eq. (3); range [0, 1]
     norm: str = "xan"  # xan | bn | ibn (Table 4)
     xan_blocks: int = -1  # leading blocks whose BN layers are replaced (-1: all)
+    eval_client: int = -1  # evaluate with this client's BN sides (-1: their average, §3.1)
 
 
 @register()
@@ -106,6 +111,8 @@ class GPerXAN(Method):
     name = "gperxan"
     Options = GPerXANOptions
     paper = "Le et al., gPerXAN Eq. (2)-(4)"
+    plots: ClassVar[dict[str, tuple[str, ...]]] = {"xan_weights": ("line", "round", "w_in",
+                                                                   "layer")}
 
     @classmethod
     def check_options(cls, o: GPerXANOptions) -> None:
@@ -119,6 +126,21 @@ class GPerXAN(Method):
             for parent, attr in block_bns(model.features, self.options.xan_blocks):
                 setattr(parent, attr, layer(getattr(parent, attr)))
         return model
+
+    def setup(self, server: Server) -> None:
+        if self.options.eval_client >= len(server.client_ids):
+            raise RaydgError(f"{self.name}: eval_client {self.options.eval_client} is not one "
+                             f"of the {len(server.client_ids)} clients")
+
+    def aggregate(self, server: Server, uploads: list[Upload]) -> State:
+        """FedAvg of everything; with ``eval_client`` the evaluated model takes that client's
+        BN sides (its latest upload) instead of the average. Clients never load BN sides."""
+        merged = super().aggregate(server, uploads)
+        chosen = [u for u in uploads if u.client_id == self.options.eval_client]
+        source = chosen[0].state if chosen else server.global_state
+        if self.options.eval_client >= 0:
+            merged.update({k: source[k] for k in server.local_keys})
+        return merged
 
     def local_keys(self, model: nn.Module) -> set[str]:
         """The BN side of every XAN layer: its affine, statistics and score (PerXAN)."""
