@@ -32,17 +32,6 @@ def cli() -> None:
     """raydg: parallel simulation of federated domain generalization on Ray."""
 
 
-# CLI option -> config key, for options whose value is copied as is when given.
-_OPTIONS = {
-    "method": "method", "target": "target", "clients": "clients", "dirichlet": "dirichlet",
-    "sample": "sample", "rounds": "rounds", "local_steps": "local_steps", "lr": "lr",
-    "batch_size": "batch_size", "model": "model", "actors": "actors",
-    "cpus_per_actor": "cpus_per_actor", "gpus_per_actor": "gpus_per_actor",
-    "data_root": "data_root", "tracking_uri": "tracking_uri", "experiment": "experiment",
-    "address": "address",
-}
-
-
 @cli.command()
 @click.argument("dataset", required=False)
 @click.option("--method", "-m", help="Method name (raydg list methods).")
@@ -76,7 +65,7 @@ def run(dataset: str | None, config_file: str | None, sets: tuple[str, ...], see
     cfg = config_mod.RunConfig()
     if config_file:
         cfg = config_mod.apply(cfg, config_mod.load_yaml(config_file))
-    given: dict[str, Any] = {_OPTIONS[k]: v for k, v in options.items() if v is not None}
+    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}  # same names
     if dataset:
         given["dataset"] = dataset
     if seeds:

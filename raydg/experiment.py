@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +55,7 @@ class Progress:
         self.out(f"[{self.label}] round {int(row['round'])}/{rounds}  "
                  f"loss {row['train_loss']:.3f}  val {100 * row['val_acc']:.1f}%{local}  "
                  f"target {100 * row['target_acc']:.1f}%  {row['round_seconds']:.1f}s/round  "
-                 f"left {time.strftime('%H:%M:%S', time.gmtime(eta))}")
+                 f"left {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}")
 
 
 def run_experiment(cfg: RunConfig, out: Callable[[str], None] = print) -> ExperimentResult:

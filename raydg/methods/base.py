@@ -2,18 +2,18 @@
 
 The base class *is* FedAvg; a method overrides only what its paper changes:
 
-=====================  =========================================  ===========================
-what                   hook                                       used by
-=====================  =========================================  ===========================
-model construction     ``build_model``                            XAN, mixed-statistics BN
-local vs shared state  ``local_keys``                             FedBN, SiloBN, gPerXAN
-ledger kinds           ``upload_kind``                            non-parameter uploads
-local training         ``start_round``, ``train_step``, ``loss``  FedProx, FedFD-A, gPerXAN
-client phases          ``client_phase`` (called via ``Server``)   CSAC, CCST
-server phases          ``setup``, ``aggregate``, ``on_round_end`` CSAC, CCST
-inference              ``eval_modes``, ``predict``                FedFD-A's statistics modes
-analysis and plots     ``analyze``, ``plots``                     FedFD-A's alpha, XAN weights
-=====================  =========================================  ===========================
+=====================  ==========================================  =========================
+what                   hook                                        used by
+=====================  ==========================================  =========================
+model construction     ``build_model``                             XAN, mixed-statistics BN
+local vs shared state  ``local_keys``                              FedBN, SiloBN, gPerXAN
+ledger kinds           ``upload_kind``                             non-parameter uploads
+local training         ``start_round``, ``train_step``, ``loss``   FedProx, FedFD-A, gPerXAN
+client phases          ``client_phase`` (called via ``Server``)    CSAC, CCST
+server phases          ``setup``, ``aggregate``, ``on_round_end``  CSAC, CCST, gPerXAN
+inference              ``eval_modes``, ``predict``                 FedFD-A's statistics
+analysis and plots     ``analyze``, ``plots``                      FedFD-A, gPerXAN
+=====================  ==========================================  =========================
 
 Client-side hooks run inside the client's Ray actor and receive a :class:`ClientContext`;
 server-side hooks run on the driver and receive a :class:`Server`. One method object serves every
@@ -134,15 +134,14 @@ class Method:
         if unknown:
             valid = ", ".join(f"options.{k}" for k in known) or "none"
             raise RaydgError(f"unknown option(s) {unknown} for method {cls.name}; valid: {valid}")
-        options = cls.Options(**values)
-        for key, f in known.items():
-            default = getattr(cls.Options(), key)
-            value = getattr(options, key)
+        options, defaults = cls.Options(**values), cls.Options()
+        for key in known:
+            default, value = getattr(defaults, key), getattr(options, key)
             if isinstance(default, float) and isinstance(value, int) and not isinstance(
                     value, bool):
                 setattr(options, key, float(value))
-            elif default is not None and not isinstance(getattr(options, key), type(default)):
-                raise RaydgError(f"option {f.name!r} of {cls.name} must be "
+            elif default is not None and not isinstance(value, type(default)):
+                raise RaydgError(f"option {key!r} of {cls.name} must be "
                                  f"{type(default).__name__}, got {value!r}")
         cls.check_options(options)
         return options
