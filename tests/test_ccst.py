@@ -1,0 +1,103 @@
+"""CCST (pixel mode) against independent expectations: moments, bank shapes, Algorithm 1."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raydg.datasets import load_dataset
+from raydg.methods.ccst import adain_pixel, augment, pixel_style
+from raydg.partition import ClientData
+from raydg.simulation import Simulation
+from tests.conftest import tiny_config
+
+
+def test_stylised_image_takes_the_target_channel_moments():
+    rng = np.random.default_rng(0)
+    image = rng.integers(60, 200, size=(3, 32, 32)).astype(np.uint8)
+    style = np.array([[0.3, 0.5, 0.6], [0.05, 0.1, 0.08]])  # means, stds well inside [0, 1]
+    out = adain_pixel(image, style).astype(np.float64) / 255.0
+    np.testing.assert_allclose(out.mean(axis=(1, 2)), style[0], atol=3e-3)
+    np.testing.assert_allclose(out.std(axis=(1, 2)), style[1], atol=3e-3)
+
+
+def test_pixel_style_is_channel_mean_and_std_over_all_pixels():
+    images = np.zeros((2, 3, 2, 2), dtype=np.uint8)
+    images[0, 0] = 255  # channel 0: half the pixels 1.0, half 0.0
+    images[:, 1] = 51  # channel 1: constant 0.2
+    style = pixel_style(images)
+    assert style.shape == (2, 3)
+    np.testing.assert_allclose(style[:, 0], [0.5, 0.5])
+    np.testing.assert_allclose(style[:, 1], [0.2, 0.0], atol=1e-12)
+
+
+def _client(cid: int, n: int = 5) -> ClientData:
+    x = np.stack([np.full((3, 4, 4), (10 * i + cid) % 190, dtype=np.uint8) for i in range(n)])
+    x[:, :, 0, 0] = 200  # every image has some contrast
+    y = np.arange(n, dtype=np.int64)
+    return ClientData(cid, "d", x, y, x[:1], y[:1])
+
+
+def test_algorithm_1_k_distinct_clients_own_client_is_the_original():
+    bank = {c: np.array([[[0.1 + 0.2 * c] * 3, [0.05] * 3]]) for c in range(4)}
+    data = _client(1)
+    out = augment(data, 1, bank, 3, np.random.default_rng(0))
+    assert len(out.train_y) == 5 * 3
+    np.testing.assert_array_equal(out.train_y, np.repeat(data.train_y, 3))
+    for i in range(5):
+        group = out.train_x[3 * i:3 * i + 3]
+        means = [g.astype(float).mean() / 255 for g in group]
+        origin = [np.array_equal(g, data.train_x[i]) for g in group]
+        styled = [min(range(4), key=lambda c: abs(m - bank[c][0, 0, 0])) for m in means]
+        # each styled copy matches one bank client; own client (1) only as the original
+        chosen = [1 if o else s for o, s in zip(origin, styled, strict=True)]
+        assert len(set(chosen)) == 3
+        assert all(s != 1 for o, s in zip(origin, styled, strict=True) if not o)
+    # over many images the own client is drawn with probability K/N = 3/4
+    many = augment(_client(1, 400), 1, bank, 3, np.random.default_rng(1))
+    originals = sum(np.array_equal(many.train_x[j], _client(1, 400).train_x[j // 3])
+                    for j in range(len(many.train_y)))
+    assert originals / 400 == pytest.approx(0.75, abs=0.06)
+
+
+@pytest.mark.parametrize(("style", "per_client"), [("overall", 1), ("single", 4)])
+def test_bank_shapes_and_only_style_vectors_travel(style, per_client, ray_session):
+    cfg = tiny_config(method="ccst", rounds=1, local_steps=2,
+                      options={"style": style, "k": 2, "single_styles": per_client})
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+    result = sim.run()
+    setup = [r for r in result.tables["ledger"] if r["round"] == 0]
+    style_bytes = per_client * 2 * 3 * 8  # (J or 1) x (mean, std) x 3 channels, float64
+    assert {r["kind"] for r in setup} == {"request", "style_vectors", "style_bank"}
+    ups = [r for r in setup if r["kind"] == "style_vectors"]
+    assert len(ups) == 3 and all(r["bytes"] == style_bytes for r in ups)
+    bank = [r for r in setup if r["kind"] == "style_bank"]
+    downs = [r for r in bank if r["direction"] == "down"]
+    assert len(downs) == 3 and all(r["bytes"] == 3 * style_bytes for r in downs)  # whole bank
+    assert all(r["bytes"] == 0 for r in bank if r["direction"] == "up")  # no image leaves
+
+
+def test_training_uses_the_augmented_d_times_k_samples():
+    import torch
+
+    from raydg import state
+    from raydg.client import ClientHost
+    from raydg.methods import METHODS
+    from raydg.models import ModelSpec
+    from raydg.partition import make_clients
+
+    cfg = tiny_config(method="ccst", local_steps=1, options={"k": 2})
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)
+    method = METHODS.get("ccst")(METHODS.get("ccst").parse_options(cfg.options))
+    spec = ModelSpec(cfg.model, 3, 10, cfg.image_size)
+    host = ClientHost(method, cfg, spec, data.mean, data.std, clients)
+    torch.manual_seed(0)
+    global_state = state.to_numpy(method.build_model(spec))
+    bank = {c.client_id: host.phase("style", c.client_id, None, global_state, 0)
+            for c in clients}
+    host.phase("augment", 0, bank, global_state, 0)
+    upload = host.train(0, global_state, 1)
+    assert upload.num_samples == 2 * clients[0].num_train
+    assert host.train(1, global_state, 1).num_samples == clients[1].num_train  # not augmented
