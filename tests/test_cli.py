@@ -13,6 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from raydg.cli import cli
 from raydg.config import RunConfig, apply, load_yaml, parse_sets, resolve
+from raydg.methods import METHODS
 
 
 def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
@@ -61,7 +62,7 @@ def test_yaml_then_set_precedence(tmp_path):
 
 
 BAD_INPUTS = [
-    (["run", "digits-style", "--method", "nope"], "unknown method 'nope'; valid methods: fedavg"),
+    (["run", "digits-style", "--method", "nope"], "unknown method 'nope'; valid methods: "),
     (["run", "mnist"], "unknown dataset 'mnist'; valid datasets:"),
     (["run", "digits-style", "--set", "colour=1"], "unknown config key 'colour'"),
     (["run", "digits-style", "--set", "options.nu=1"], "unknown option(s) ['nu']"),
@@ -83,6 +84,8 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message, monkeypatch):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("raydg: error: ")
     assert message in lines[0]
+    if "valid methods" in message:  # the list names every registered method
+        assert all(name in lines[0] for name in METHODS.names())
     assert "Traceback" not in result.output
 
 
