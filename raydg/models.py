@@ -84,3 +84,25 @@ def bn_keys(model: nn.Module) -> set[str]:
         for key in module.state_dict()
         if "." not in key
     }
+
+
+def bn_layers(features: nn.Module, blocks: int) -> list[tuple[nn.Module, str]]:
+    """(parent, attribute) of the BN layers in the first ``blocks`` blocks (-1: all)."""
+    found: list[tuple[nn.Module, str, str]] = []
+    for name, module in features.named_modules():
+        for child_name, child in module.named_children():
+            if isinstance(child, nn.BatchNorm2d):
+                found.append((module, child_name, f"{name}.{child_name}".lstrip(".")))
+    if blocks < 0:
+        return [(m, n) for m, n, _ in found]
+    if hasattr(features, "layer1"):  # ResNet: the stem belongs to block 1
+        allowed = ("bn1", *(f"layer{i}." for i in range(1, blocks + 1)))
+        return [(m, n) for m, n, full in found if full == "bn1" or full.startswith(allowed)]
+    return [(m, n) for m, n, _ in found[:blocks]]
+
+
+def replace_bns(features: nn.Module, make: Callable[[nn.BatchNorm2d], nn.Module],
+                blocks: int = -1) -> None:
+    """Replace each BN layer of the first ``blocks`` blocks (-1: all) by ``make(bn)``."""
+    for parent, attr in bn_layers(features, blocks):
+        setattr(parent, attr, make(getattr(parent, attr)))

@@ -122,7 +122,7 @@ class Simulation:
             raise RuntimeError(f"validation covered clients {seen}, expected each of "
                                f"{self.client_ids} once")
         merged = {c: v for part in parts for c, v in part.items()}
-        per_client = [merged[c] for c in sorted(merged)]  # client-id order: layout-independent
+        per_client = [merged[c] for c in self.client_ids]  # client-id order: layout-independent
         metrics = {"val_acc": float(np.mean([v["val_acc"] for v in per_client]))}
         if self.config.eval_local:
             metrics["val_acc_local"] = float(np.mean(
@@ -153,26 +153,28 @@ class Simulation:
             self.log(self.pool.describe())
             self.method.setup(self)
             pending: tuple[dict[str, float], Any, float] | None = None
+            global_ref = ray.put(self.global_state)  # then once per round, after aggregation
             for rnd in range(1, cfg.rounds + 1):
                 start = time.perf_counter()
                 self.round = rnd
                 cids = sorted(int(c) for c in sampler.choice(n, size=k, replace=False))
-                uploads = self.pool.train(cids, ray.put(self.global_state), rnd)
+                uploads = self.pool.train(cids, global_ref, rnd)
                 self._ledger_round(cids, uploads)
                 for u in uploads:
                     self.record("client_rounds", {"client": u.client_id, **u.metrics})
                 self.global_state = self.method.aggregate(self, uploads)
+                global_ref = ray.put(self.global_state)
                 row: dict[str, float] = {"round": rnd, "train_loss": float(
                     np.mean([u.metrics["train_loss"] for u in uploads]))}
                 row.update(self.ledger.totals(rnd), clients_moved=self.pool.moved)
                 row.update(self.method.on_round_end(self))
-                futures = self._start_evaluation(ray.put(self.global_state))
+                futures = self._start_evaluation(global_ref)
                 if pending is not None:
                     finish(*pending, end=start)
                 pending = (row, futures, start)
             if pending is not None:
                 finish(*pending)
-            analysis = ray.get(self.evaluator.analyze.remote(ray.put(self.global_state)))
+            analysis = ray.get(self.evaluator.analyze.remote(global_ref))
             for name, rows in analysis.items():
                 self.tables[f"target_{name}"] = rows
             return self._result(history)

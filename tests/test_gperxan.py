@@ -11,8 +11,8 @@ from raydg import state
 from raydg.client import ClientHost
 from raydg.datasets import load_dataset
 from raydg.methods import METHODS
-from raydg.methods.gperxan import IBN, XAN, block_bns
-from raydg.models import ModelSpec
+from raydg.methods.gperxan import IBN, XAN
+from raydg.models import ModelSpec, bn_layers
 from raydg.partition import make_clients
 from tests.conftest import tiny_config
 
@@ -134,9 +134,9 @@ def test_variants_and_blocks():
     two = _method(xan_blocks=2).build_model(SPEC)
     assert sum(isinstance(m, XAN) for m in two.modules()) == 2
     resnet = METHODS.get("fedavg")().build_model(ModelSpec("resnet18", 3, 7, 32))
-    assert len(block_bns(resnet.features, 1)) == 1 + 4  # stem bn1 + layer1's 2 blocks x 2 BN
-    assert len(block_bns(resnet.features, 2)) == 1 + 4 + 5  # + layer2 (with downsample BN)
-    assert len(block_bns(resnet.features, -1)) == 20
+    assert len(bn_layers(resnet.features, 1)) == 1 + 4  # stem bn1 + layer1's 2 blocks x 2 BN
+    assert len(bn_layers(resnet.features, 2)) == 1 + 4 + 5  # + layer2 (with downsample BN)
+    assert len(bn_layers(resnet.features, -1)) == 20
 
 
 def test_xan_weights_are_recorded_each_round():

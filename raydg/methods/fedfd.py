@@ -47,8 +47,8 @@ from torch import Tensor, nn
 
 from raydg import state
 from raydg.errors import RaydgError
-from raydg.methods import ClientContext, Method, register
-from raydg.models import ModelSpec, bn_keys
+from raydg.methods import METHODS, ClientContext, Method, register
+from raydg.models import ModelSpec, replace_bns
 
 MIXSTYLE_ALPHA = 0.1  # Zhou et al., ICLR 2021
 
@@ -163,14 +163,6 @@ def set_reference(model: nn.Module, global_state: state.State) -> None:
                             for k in ("running_mean", "running_var"))
 
 
-def _replace_bn(module: nn.Module, make) -> None:
-    for name, child in module.named_children():
-        if isinstance(child, nn.BatchNorm2d):
-            setattr(module, name, make(child))
-        else:
-            _replace_bn(child, make)
-
-
 @contextlib.contextmanager
 def frozen(params: list[nn.Parameter]) -> Iterator[None]:
     """Parameters get no gradient (and so no update) inside the block."""
@@ -238,17 +230,14 @@ class FedFD(Method):
     def build_model(self, spec: ModelSpec) -> nn.Module:
         model = super().build_model(spec)
         o = self.options
-        _replace_bn(model.features, lambda bn: MixBN(
+        replace_bns(model.features, lambda bn: MixBN(
             bn, (o.u_low, o.u_high), o.fixed_alpha, self.adapter_hidden(bn.num_features),
             getattr(o, "adapter_alpha", "scalar") == "channel"))
         return model
 
     def local_keys(self, model: nn.Module) -> set[str]:
-        if self.options.base == "fedbn":
-            return bn_keys(model)
-        if self.options.base == "silobn":
-            return {k for k in bn_keys(model) if state.is_bn_statistic(k)}
-        return set()
+        """The base framework's own rule (FedFD-A Table 1): silobn, fedbn or fedavg."""
+        return METHODS.get(self.options.base)().local_keys(model)
 
     # ------------------------------------------------------------------ training
     def start_round(self, ctx: ClientContext) -> None:

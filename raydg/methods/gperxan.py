@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from raydg.errors import RaydgError
 from raydg.methods import ClientContext, Method, Server, Upload, register
-from raydg.models import ModelSpec
+from raydg.models import ModelSpec, replace_bns
 from raydg.state import State
 
 
@@ -81,21 +81,6 @@ class IBN(nn.Module):
         return torch.cat([self.inorm(x[:, :self.split]), self.bn(x[:, self.split:])], dim=1)
 
 
-def block_bns(features: nn.Module, blocks: int) -> list[tuple[nn.Module, str]]:
-    """(parent, attribute) of the BN layers in the first ``blocks`` blocks (-1: all)."""
-    found: list[tuple[nn.Module, str, str]] = []
-    for name, module in features.named_modules():
-        for child_name, child in module.named_children():
-            if isinstance(child, nn.BatchNorm2d):
-                found.append((module, child_name, f"{name}.{child_name}".lstrip(".")))
-    if blocks < 0:
-        return [(m, n) for m, n, _ in found]
-    if hasattr(features, "layer1"):  # ResNet: the stem belongs to block 1
-        allowed = ("bn1", *(f"layer{i}." for i in range(1, blocks + 1)))
-        return [(m, n) for m, n, full in found if full == "bn1" or full.startswith(allowed)]
-    return [(m, n) for m, n, _ in found[:blocks]]
-
-
 @dataclass
 class GPerXANOptions:
     lambda_reg: float = 0.5  # weight of the guiding regulariser, Eq. (3); range [0, 1]
@@ -123,8 +108,7 @@ class GPerXAN(Method):
         model = super().build_model(spec)
         layer = {"xan": XAN, "ibn": IBN}.get(self.options.norm)
         if layer is not None:
-            for parent, attr in block_bns(model.features, self.options.xan_blocks):
-                setattr(parent, attr, layer(getattr(parent, attr)))
+            replace_bns(model.features, layer, self.options.xan_blocks)
         return model
 
     def setup(self, server: Server) -> None:
