@@ -30,10 +30,18 @@ def _grouped(rows: Sequence[dict[str, Any]], key: str) -> dict[Any, list[dict[st
     return groups
 
 
+def _lines(ax: Any, rows: Sequence[dict[str, Any]], x: str, value: str, series: str) -> None:
+    for name, g in _grouped(rows, series).items():
+        ax.plot([r[x] for r in g], [float(r[value]) for r in g], label=str(name))
+    ax.set_xlabel(x)
+    ax.set_ylabel(value)
+
+
 def plot(rows: Sequence[dict[str, Any]], spec: tuple[str, ...], path: Path) -> None:
     """Save a PNG of ``rows``: ``("box", group, value)`` draws one box per group (in first-seen
     order, e.g. alpha per BN layer); ``("line", x, y, series)`` one line per series (e.g. a
-    layer's w_in over rounds)."""
+    layer's w_in over rounds); ``("line", x, y, series, facet)`` one such panel per facet value
+    (e.g. each client's aggregation weight over rounds, one panel per layer)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -48,16 +56,24 @@ def plot(rows: Sequence[dict[str, Any]], spec: tuple[str, ...], path: Path) -> N
         ax.set_xticks(range(1, len(groups) + 1), [str(g) for g in groups], rotation=60,
                       ha="right", fontsize=7)
         ax.set_xlabel(group)
-    elif kind == "line":
-        x, value, series = cols
+        ax.set_ylabel(value)
+    elif kind == "line" and len(cols) == 3:
         fig, ax = plt.subplots(figsize=(5.5, 3.5))
-        for name, g in _grouped(rows, series).items():
-            ax.plot([r[x] for r in g], [float(r[value]) for r in g], label=str(name))
-        ax.set_xlabel(x)
+        _lines(ax, rows, *cols)
         ax.legend(fontsize=6, ncol=2)
+    elif kind == "line" and len(cols) == 4:
+        panels = _grouped(rows, cols[3])
+        ncol = min(4, len(panels))
+        nrow = -(-len(panels) // ncol)
+        fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol, 2.6 * nrow), squeeze=False)
+        for ax, (name, g) in zip(axes.flat, panels.items(), strict=False):
+            _lines(ax, g, *cols[:3])
+            ax.set_title(str(name), fontsize=7)
+        for ax in axes.flat[len(panels):]:
+            ax.axis("off")
+        axes.flat[0].legend(fontsize=6, ncol=2)
     else:
-        raise ValueError(f"unknown plot kind {kind!r}")
-    ax.set_ylabel(value)
+        raise ValueError(f"unknown plot spec {spec!r}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

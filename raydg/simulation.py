@@ -80,14 +80,24 @@ class Simulation:
                      result_kind: str | None = None,
                      clients: list[int] | None = None) -> dict[int, Any]:
         cids = sorted(clients if clients is not None else self.client_ids)
-        down = payload_nbytes(payload)
         for c in cids:
-            self.ledger.add(self.round, c, DOWN, kind, down)
+            self._ledger_message(c, DOWN, kind, payload)
         results = self.pool.phase(phase, cids, ray.put(payload), ray.put(self.global_state),
                                   self.round)
         for c, r in results.items():
-            self.ledger.add(self.round, c, UP, result_kind or kind, payload_nbytes(r))
+            self._ledger_message(c, UP, result_kind or kind, r)
         return results
+
+    def _ledger_message(self, cid: int, direction: str, kind: str, payload: Any) -> None:
+        """One message; a ``state`` is entered per kind of information its tensors carry."""
+        if kind != "state":
+            self.ledger.add(self.round, cid, direction, kind, payload_nbytes(payload))
+            return
+        by_kind: dict[str, int] = defaultdict(int)
+        for k, v in payload.items():
+            by_kind[self.method.upload_kind(k)] += v.nbytes
+        for info, n in sorted(by_kind.items()):
+            self.ledger.add(self.round, cid, direction, info, n)
 
     def record(self, table: str, row: dict[str, Any]) -> None:
         self.tables[table].append({"round": self.round, **row})
@@ -101,11 +111,7 @@ class Simulation:
                     if c not in self._has_local or k not in self.local_keys]
             self.ledger.add(self.round, c, DOWN, "parameters", st.nbytes(self.global_state, keys))
         for u in uploads:
-            by_kind: dict[str, int] = defaultdict(int)
-            for k, v in u.state.items():
-                by_kind[self.method.upload_kind(k)] += v.nbytes
-            for kind, n in sorted(by_kind.items()):
-                self.ledger.add(self.round, u.client_id, UP, kind, n)
+            self._ledger_message(u.client_id, UP, "state", u.state)
         self._has_local.update(cids)
 
     def _start_evaluation(self, global_ref: Any) -> tuple[Any, list[Any]]:

@@ -100,7 +100,7 @@ class Server(Protocol):
 
     config: RunConfig
     round: int
-    global_state: st.State
+    global_state: st.State  # ``setup`` may replace it (e.g. CSAC's first fusion)
     client_ids: list[int]
     num_samples: dict[int, int]
     local_keys: set[str]  # the method's local keys for this run's model
@@ -108,7 +108,14 @@ class Server(Protocol):
     def call_clients(self, phase: str, payload: Any = None, *, kind: str,
                      result_kind: str | None = None,
                      clients: list[int] | None = None) -> dict[int, Any]:
-        """Run ``client_phase(phase, ctx, payload)`` on clients; ledger both directions."""
+        """Run ``client_phase(phase, ctx, payload)`` on clients; ledger both directions.
+
+        ``kind``/``result_kind`` name the information sent and returned; ``"state"`` marks a
+        model state dict, entered in the ledger per ``upload_kind`` of its tensors."""
+        ...
+
+    def log(self, message: str) -> None:
+        """Progress output of the run."""
         ...
 
     def record(self, table: str, row: dict[str, Any]) -> None:
