@@ -35,6 +35,7 @@ def cli() -> None:
 @cli.command()
 @click.argument("dataset", required=False)
 @click.option("--method", "-m", help="Method name (raydg list methods).")
+@click.option("--augment", help="Add an augmentation method to any method, e.g. ccst.")
 @click.option("--target", help="Held-out domain, or 'all' (default): one run per domain.")
 @click.option("--clients", type=int, help="Split the source domains into N clients.")
 @click.option("--dirichlet", type=float, help="Dirichlet alpha of the label split (default iid).")

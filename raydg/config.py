@@ -22,6 +22,7 @@ from raydg.errors import RaydgError
 class RunConfig:
     dataset: str = "digits-style"
     method: str = "fedavg"
+    augment: str | None = None  # an augmentation method composed with ``method`` (e.g. ccst)
     target: str = "all"  # a domain name or "all" (one sub-run per held-out domain)
     seeds: list[int] = field(default_factory=lambda: [0])
     # clients and sampling
@@ -55,6 +56,11 @@ class RunConfig:
     tracking_uri: str | None = None
     experiment: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """The method as reported: ``fedbn`` or, with an augmentation, ``fedbn+ccst``."""
+        return f"{self.method}+{self.augment}" if self.augment else self.method
 
     @property
     def seed(self) -> int:
@@ -143,14 +149,15 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def resolve(cfg: RunConfig) -> RunConfig:
     """Fill ``None`` training fields from the dataset's defaults and validate everything."""
-    from raydg.methods import METHODS
+    from raydg.methods import METHODS, method_class
 
     spec = DATASETS.get(cfg.dataset)
-    method = METHODS.get(cfg.method)
-    method.parse_options(cfg.options)
+    method_class(cfg.method, cfg.augment).parse_options(cfg.options)
     defaults = dataclasses.asdict(spec.defaults)
     filled = {k: v for k, v in defaults.items() if getattr(cfg, k) is None}
-    cfg = dataclasses.replace(cfg, dataset=spec.name, method=method.name, **filled)
+    augment = METHODS.get(cfg.augment).name if cfg.augment else None
+    cfg = dataclasses.replace(cfg, dataset=spec.name, method=METHODS.get(cfg.method).name,
+                              augment=augment, **filled)
     validate(cfg)
     return cfg
 

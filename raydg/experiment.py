@@ -69,7 +69,7 @@ def run_experiment(cfg: RunConfig, out: Callable[[str], None] = print) -> Experi
     progress = Progress(len(held_out) * len(cfg.seeds) * cfg.rounds, out)
     runs: list[SimulationResult] = []
     with ray_session(cfg), Tracker(cfg) as tracker:
-        out(f"raydg: {cfg.method} on {cfg.dataset}, targets {held_out}, seeds {cfg.seeds}, "
+        out(f"raydg: {cfg.label} on {cfg.dataset}, targets {held_out}, seeds {cfg.seeds}, "
             f"{cfg.rounds} rounds x {cfg.local_steps} local steps; MLflow run {tracker.run_id}")
         for target in held_out:
             for seed in cfg.seeds:
@@ -84,7 +84,7 @@ def run_experiment(cfg: RunConfig, out: Callable[[str], None] = print) -> Experi
                     result = sim.run(on_round)
                     tracker.log_result(result)
                 runs.append(result)
-        rows = long_rows(cfg.method, runs)
+        rows = long_rows(cfg.label, runs)
         summary = summary_rows(rows, held_out)
         printed = format_summary(summary, held_out, len(cfg.seeds))
         final = {f"avg/{r['selection']}/{r['mode']}": r["Avg"] for r in summary}

@@ -26,7 +26,7 @@ from raydg.actors import ClientPool, start_evaluator
 from raydg.config import RunConfig, clients_per_round
 from raydg.datasets import MultiDomainDataset
 from raydg.ledger import DOWN, UP, Ledger, payload_nbytes
-from raydg.methods import METHODS, Method, Upload
+from raydg.methods import Method, Upload, method_class
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
 
@@ -59,7 +59,7 @@ class Simulation:
         self.domains = {c.client_id: c.domain for c in clients}
         self.spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
         if method is None:
-            method_cls = METHODS.get(cfg.method)
+            method_cls = method_class(cfg.method, cfg.augment)
             method = method_cls(method_cls.parse_options(cfg.options))
         self.method = method
         torch.manual_seed(seeding.derive_seed(seed, seeding.MODEL_INIT))

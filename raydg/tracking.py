@@ -49,7 +49,7 @@ class Tracker:
         mlflow.set_experiment(cfg.experiment or cfg.dataset)
 
     def __enter__(self) -> Tracker:
-        self.parent = self.mlflow.start_run(run_name=f"{self.cfg.method} {self.cfg.dataset}")
+        self.parent = self.mlflow.start_run(run_name=f"{self.cfg.label} {self.cfg.dataset}")
         self.mlflow.log_params(flat_params(self.cfg))
         self.mlflow.set_tags(self.tags())
         return self
@@ -58,7 +58,7 @@ class Tracker:
         self.mlflow.end_run(status="FAILED" if exc_type else "FINISHED")
 
     def tags(self) -> dict[str, str]:
-        return {"raydg.method": self.cfg.method, "raydg.dataset": self.cfg.dataset}
+        return {"raydg.method": self.cfg.label, "raydg.dataset": self.cfg.dataset}
 
     @property
     def run_id(self) -> str:

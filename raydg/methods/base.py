@@ -129,6 +129,7 @@ class Method:
     name: ClassVar[str] = "fedavg"
     Options: ClassVar[type] = NoOptions
     paper: ClassVar[str] = "McMahan et al., AISTATS 2017; FedFD-A §3.1"
+    augmentation: ClassVar[bool] = False  # composable with any method (``--augment``)
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()

@@ -4,59 +4,179 @@ Before training (Algorithm 1): every client computes its style and uploads it; t
 concatenates the style bank (Eq. 9-10) and broadcasts it; every client augments its training
 set once: for each image, K of the bank's source clients are drawn without replacement, the
 client itself contributing the original image and any other client a copy of the image in that
-client's style, so d images become d x K (kept in the client's persistent memory). Training is
-then FedAvg (the paper's setting).
+client's style, so d images become d x K (kept in the client's persistent memory). ``ccst`` then
+trains FedAvg (the paper's setting); ``--augment ccst`` puts the same phases in front of any
+other method (paper Fig. 4b), since every hook here defers to ``super()``.
 
-Style transfer here is AdaIN (Eq. 2-5) in pixel space (``encoder: pixel``): each channel of
-the image is shifted and scaled to the style's channel mean and standard deviation. It needs no
-weights, so the method runs offline; it transfers colour and contrast statistics only, not the
-texture that the paper's VGG-19 encoder/decoder (relu4_1 features) transfers.
+Style transfer is AdaIN (Eq. 2-5) behind a pluggable encoder/decoder (``encoder``):
 
-* ``style: overall`` (Eq. 8): per-channel mean and std over all of a client's training pixels,
-  one (2, C) style per client. ``style: single`` (Eq. 6-7): J = ``single_styles`` randomly
-  chosen images' styles per client (the paper leaves J open; 10 here), one drawn per transfer.
-* ``k``: the augmentation level K, at most the number of source clients.
+* ``vgg``: the AdaIN VGG-19 encoder up to relu4_1 (512 channels) and its decoder, as in the
+  paper, with the weights from the user's files ``encoder_weights`` (``vgg_normalised.pth``) and
+  ``decoder_weights`` (``decoder.pth``), loaded with ``weights_only``. Images are stylised at
+  ``vgg_size`` pixels (the authors' code: 512) without mean/std normalisation, then resized
+  back. It transfers texture as well as colour.
+* ``pixel``: the identity encoder, i.e. AdaIN on the image's own channels: each channel is
+  shifted and scaled to the style's channel mean and standard deviation. It needs no weights,
+  so the method runs offline and in tests, but it transfers colour and contrast only.
+
+``style: overall`` (Eq. 8): per-channel mean and std of the encoder features over all of a
+client's training images, one (2, C) style per client. ``style: single`` (Eq. 6-7): J =
+``single_styles`` randomly chosen images' styles per client (the paper leaves J open; 10 here),
+one drawn per transfer. ``k``: the augmentation level K, at most the number of source clients.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from raydg.errors import RaydgError
 from raydg.methods import ClientContext, Method, Server, register
 from raydg.partition import ClientData
 
-
-def pixel_style(images: np.ndarray) -> np.ndarray:
-    """(2, C) float64: per-channel mean and std of uint8 images ``(n, C, H, W)`` in [0, 1]."""
-    x = images.astype(np.float64) / 255.0
-    return np.stack([x.mean(axis=(0, 2, 3)), x.std(axis=(0, 2, 3))])
+Stylize = Callable[[np.ndarray, list[np.ndarray]], list[np.ndarray]]
 
 
-def adain_pixel(image: np.ndarray, style: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """Eq. (2)-(5) in pixel space: give each channel of ``image`` the style's mean and std."""
-    x = image.astype(np.float64) / 255.0
-    mu = x.mean(axis=(1, 2), keepdims=True)
-    sigma = x.std(axis=(1, 2), keepdims=True)
-    out = (x - mu) / (sigma + eps) * style[1][:, None, None] + style[0][:, None, None]
-    return np.round(np.clip(out, 0.0, 1.0) * 255.0).astype(np.uint8)
+def moments(f: Tensor) -> Tensor:
+    """(2, C): per-channel mean and std of features ``(n, C, H, W)`` over images and pixels."""
+    return torch.stack([f.mean(dim=(0, 2, 3)), f.std(dim=(0, 2, 3), unbiased=False)])
+
+
+def adain(f: Tensor, style: Tensor, eps: float = 1e-5) -> Tensor:
+    """Eq. (2): give each channel of every feature map ``(n, C, H, W)`` the style's
+    ``(n, 2, C)`` mean and std."""
+    mu = f.mean(dim=(2, 3), keepdim=True)
+    sigma = f.std(dim=(2, 3), keepdim=True, unbiased=False)
+    return (f - mu) / (sigma + eps) * style[:, 1, :, None, None] + style[:, 0, :, None, None]
+
+
+class PixelCoder(nn.Module):
+    """The identity encoder and decoder: AdaIN on the image channels themselves."""
+
+    def encode(self, x: Tensor) -> Tensor:
+        return x
+
+    def decode(self, f: Tensor) -> Tensor:
+        return f
+
+
+def _convs(channels: int, spec: list[int | str]) -> list[nn.Module]:
+    """VGG-style layers from ``channels`` inputs: an int is a 3x3 conv (reflection padded) with
+    ReLU to that many channels, ``M`` a 2x2 max-pool (ceil mode), ``U`` a 2x nearest
+    upsampling."""
+    layers: list[nn.Module] = []
+    for item in spec:
+        if item == "M":
+            layers.append(nn.MaxPool2d(2, 2, ceil_mode=True))
+        elif item == "U":
+            layers.append(nn.Upsample(scale_factor=2, mode="nearest"))
+        else:
+            layers += [nn.ReflectionPad2d(1), nn.Conv2d(channels, int(item), 3), nn.ReLU()]
+            channels = int(item)
+    return layers
+
+
+class VGGCoder(nn.Module):
+    """Huang & Belongie's AdaIN encoder (normalised VGG-19 to relu4_1) and decoder; the module
+    indices match their published PyTorch weight files."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Conv2d(3, 3, 1), *_convs(
+            3, [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512]))
+        decoder = _convs(512, [256, "U", 256, 256, 256, 128, "U", 128, 64, "U", 64, 3])
+        self.decoder = nn.Sequential(*decoder[:-1])  # no ReLU after the last conv
+
+    def encode(self, x: Tensor) -> Tensor:
+        return self.encoder(x)
+
+    def decode(self, f: Tensor) -> Tensor:
+        return self.decoder(f)
+
+
+def _load(module: nn.Module, path: str, option: str) -> None:
+    """Load a user's weight file into ``module`` (extra keys, e.g. VGG layers past relu4_1,
+    are ignored); one clear error when it is absent or does not fit."""
+    if not path or not Path(path).is_file():
+        raise RaydgError(
+            f"ccst: encoder vgg needs options.{option} = an existing file (AdaIN's "
+            f"{'vgg_normalised.pth' if option == 'encoder_weights' else 'decoder.pth'}); "
+            f"got {path!r}. Use options.encoder=pixel to run without weights.")
+    try:
+        weights = torch.load(path, map_location="cpu", weights_only=True)
+        own = module.state_dict()
+        missing = sorted(set(own) - set(weights))
+        if missing:
+            raise RaydgError(f"ccst: {path} lacks {missing[:4]}; is it the AdaIN "
+                             f"{option.split('_')[0]}?")
+        module.load_state_dict({k: weights[k] for k in own})
+    except (RuntimeError, OSError, ValueError, pickle.UnpicklingError) as err:
+        raise RaydgError(f"ccst: cannot load {path}: {err}") from None
+
+
+@functools.cache
+def vgg_coder(encoder_weights: str, decoder_weights: str, device: str) -> VGGCoder:
+    """The VGG coder, built once per actor and device."""
+    coder = VGGCoder()
+    _load(coder.encoder, encoder_weights, "encoder_weights")
+    _load(coder.decoder, decoder_weights, "decoder_weights")
+    return coder.to(device).eval().requires_grad_(False)
+
+
+class StyleTransfer:
+    """Styles and stylised images (Eq. 2-8) through one encoder/decoder."""
+
+    def __init__(self, coder: nn.Module, device: torch.device, size: int | None) -> None:
+        self.coder, self.device, self.size = coder, device, size
+
+    def _features(self, images: np.ndarray) -> Tensor:
+        x = torch.from_numpy(images).to(self.device, torch.float32) / 255.0
+        if self.size is not None and x.shape[-1] != self.size:
+            x = F.interpolate(x, size=(self.size, self.size), mode="bilinear",
+                              align_corners=False)
+        return self.coder.encode(x)
+
+    @torch.no_grad()
+    def style(self, images: np.ndarray) -> np.ndarray:
+        """(2, C) float64: Eq. (8) over ``images`` (uint8, ``(n, C, H, W)``), or Eq. (6) for
+        one image."""
+        return moments(self._features(images)).double().cpu().numpy()
+
+    @torch.no_grad()
+    def __call__(self, image: np.ndarray, styles: list[np.ndarray]) -> list[np.ndarray]:
+        """Eq. (3): ``image`` (uint8 ``(C, H, W)``) in each of ``styles``, encoded once."""
+        if not styles:
+            return []
+        f = self._features(image[None]).expand(len(styles), -1, -1, -1)
+        target = torch.from_numpy(np.stack(styles)).to(self.device, torch.float32)
+        out = self.coder.decode(adain(f, target))
+        if out.shape[-2:] != image.shape[-2:]:
+            out = F.interpolate(out, size=image.shape[-2:], mode="bilinear",
+                                align_corners=False)
+        return list((out.clamp(0, 1) * 255.0).round().to(torch.uint8).cpu().numpy())
 
 
 def augment(data: ClientData, own: int, bank: dict[int, np.ndarray], k: int,
-            rng: np.random.Generator) -> ClientData:
+            rng: np.random.Generator, stylize: Stylize) -> ClientData:
     """Algorithm 1: every image becomes K samples styled by K distinct bank clients."""
     clients = sorted(bank)
     xs, ys = [], []
     for x, y in zip(data.train_x, data.train_y, strict=True):
-        for c in rng.choice(clients, size=k, replace=False):
-            styles = bank[int(c)]
-            xs.append(x if c == own else adain_pixel(x, styles[rng.integers(len(styles))]))
-            ys.append(y)
+        picks = [int(c) for c in rng.choice(clients, size=k, replace=False)]
+        styles = [bank[c][rng.integers(len(bank[c]))] for c in picks if c != own]
+        styled = iter(stylize(x, styles))
+        xs += [x if c == own else next(styled) for c in picks]
+        ys += [y] * k
     return dataclasses.replace(data, train_x=np.stack(xs), train_y=np.asarray(ys))
 
 
@@ -65,6 +185,10 @@ class CCSTOptions:
     style: str = "overall"  # overall (Eq. 8) | single (Eq. 6-7)
     k: int = 3  # augmentation level K
     single_styles: int = 10  # J, single-image styles per client in single mode
+    encoder: str = "pixel"  # pixel | vgg (the paper's AdaIN)
+    encoder_weights: str = ""  # vgg: AdaIN's vgg_normalised.pth
+    decoder_weights: str = ""  # vgg: AdaIN's decoder.pth
+    vgg_size: int = 512  # vgg: side of the images during stylisation
 
 
 @register()
@@ -74,14 +198,21 @@ class CCST(Method):
     name = "ccst"
     Options = CCSTOptions
     paper = "Chen et al., WACV 2023, Eq. (2)-(10), Algorithm 1"
+    augmentation = True
 
     @classmethod
-    def check_options(cls, o: CCSTOptions) -> None:
+    def check_options(cls, o: Any) -> None:
+        super().check_options(o)
         if o.style not in ("overall", "single") or o.k < 1 or o.single_styles < 1:
             raise RaydgError("ccst: style must be overall|single, k >= 1, single_styles >= 1")
+        if o.encoder not in ("pixel", "vgg") or o.vgg_size < 16:
+            raise RaydgError("ccst: encoder must be pixel|vgg and vgg_size >= 16")
+        if o.encoder == "vgg":  # fail before any actor starts
+            vgg_coder(o.encoder_weights, o.decoder_weights, "cpu")
 
     def setup(self, server: Server) -> None:
         """Collect the styles, broadcast the bank, let every client augment its data."""
+        super().setup(server)
         if self.options.k > len(server.client_ids):
             raise RaydgError(f"ccst: k={self.options.k} exceeds the "
                              f"{len(server.client_ids)} source clients")
@@ -89,20 +220,28 @@ class CCST(Method):
         bank = {c: styles[c] for c in sorted(styles)}  # Eq. (9)-(10)
         server.call_clients("augment", bank, kind="style_bank")
 
+    def _transfer(self, ctx: ClientContext) -> StyleTransfer:
+        o = self.options
+        if o.encoder == "pixel":
+            return StyleTransfer(PixelCoder(), ctx.device, None)
+        coder = vgg_coder(o.encoder_weights, o.decoder_weights, str(ctx.device))
+        return StyleTransfer(coder, ctx.device, o.vgg_size)
+
     def client_phase(self, phase: str, ctx: ClientContext, payload: Any) -> Any:
+        if phase not in ("style", "augment"):
+            return super().client_phase(phase, ctx, payload)
         rng = np.random.default_rng(int(torch.randint(2**31, (1,), generator=ctx.generator)))
+        transfer = self._transfer(ctx)
         if phase == "style":
             x = ctx.data.train_x
             if self.options.style == "overall":
-                return pixel_style(x)[None]  # (1, 2, C)
+                return transfer.style(x)[None]  # (1, 2, C)
             picks = rng.choice(len(x), size=min(self.options.single_styles, len(x)),
                                replace=False)
-            return np.stack([pixel_style(x[i:i + 1]) for i in picks])  # (J, 2, C)
-        if phase == "augment":
-            ctx.memory["ccst_data"] = augment(ctx.data, ctx.client_id, payload,
-                                              self.options.k, rng)
-            return None
-        return super().client_phase(phase, ctx, payload)
+            return np.stack([transfer.style(x[i:i + 1]) for i in picks])  # (J, 2, C)
+        ctx.memory["ccst_data"] = augment(ctx.data, ctx.client_id, payload, self.options.k,
+                                          rng, transfer)
+        return None
 
     def start_round(self, ctx: ClientContext) -> None:
         ctx.data = ctx.memory.get("ccst_data", ctx.data)
