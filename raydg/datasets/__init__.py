@@ -1,0 +1,125 @@
+"""Multi-domain datasets: one registry, one module per family of datasets.
+
+A dataset is a list of domains, each a uint8 image array ``(n, C, H, W)`` with int64 labels.
+Images are normalised to model inputs with the dataset's per-channel mean and std
+(:func:`to_inputs`), on the client that trains on them. Every module of this package registers
+its datasets on import (``digits``: the embedded benchmarks; ``folders``: DomainBed layouts).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from raydg.errors import RaydgError
+from raydg.registry import Registry
+
+IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff"}
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+DATA_ROOT_ENV = "RAYDG_DATA_ROOT"
+
+
+@dataclass(frozen=True)
+class TrainDefaults:
+    """A dataset's default protocol; every field can be overridden from the config."""
+
+    rounds: int
+    local_steps: int
+    lr: float
+    momentum: float
+    batch_size: int
+    model: str
+    image_size: int
+
+
+@dataclass
+class Domain:
+    name: str
+    x: np.ndarray  # uint8 (n, C, H, W)
+    y: np.ndarray  # int64 (n,)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+@dataclass
+class MultiDomainDataset:
+    name: str
+    classes: list[str]
+    domains: list[Domain]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @property
+    def channels(self) -> int:
+        return self.domains[0].x.shape[1]
+
+    def domain(self, name: str) -> Domain:
+        for d in self.domains:
+            if d.name == name:
+                return d
+        raise RaydgError(f"unknown domain {name!r} for {self.name}; domains: {self.domain_names}")
+
+    @property
+    def domain_names(self) -> list[str]:
+        return [d.name for d in self.domains]
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A registered dataset: how to load it and the protocol its papers use."""
+
+    name: str
+    domains: tuple[str, ...]
+    defaults: TrainDefaults
+    load: Callable[[Path | None, int], MultiDomainDataset]
+    description: str
+    needs_root: bool = False
+
+
+DATASETS: Registry[DatasetSpec] = Registry("dataset")
+
+
+def to_inputs(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]):
+    """uint8 ``(n, C, H, W)`` images -> normalised float32 torch tensor."""
+    import torch
+
+    t = torch.from_numpy(np.array(x, dtype=np.float32)).div_(255.0)
+    m = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+    s = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+    return (t - m) / s
+
+
+def load_dataset(name: str, data_root: str | None, image_size: int | None) -> MultiDomainDataset:
+    spec = DATASETS.get(name)
+    root = resolve_root(spec, data_root)
+    data = spec.load(root, image_size or spec.defaults.image_size)
+    for d in data.domains:
+        if len(d) == 0:
+            raise RaydgError(f"{spec.name}: domain {d.name!r} has no images")
+    return data
+
+
+def resolve_root(spec: DatasetSpec, data_root: str | None) -> Path | None:
+    if not spec.needs_root:
+        return None
+    root = data_root or os.environ.get(DATA_ROOT_ENV)
+    if not root:
+        raise RaydgError(
+            f"{spec.name} needs its data: pass --data-root DIR or set {DATA_ROOT_ENV}"
+        )
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise RaydgError(f"data root {str(path)!r} does not exist")
+    return path
+
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
