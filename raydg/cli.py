@@ -50,6 +50,8 @@ def cli() -> None:
 @click.option("--cpus-per-actor", type=float, help="CPUs per client actor (default 1).")
 @click.option("--gpus-per-actor", type=float, help="GPUs per client actor, fractional (e.g. 0.25).")
 @click.option("--data-root", help="Root folder of image datasets (or RAYDG_DATA_ROOT).")
+@click.option("--skip-bad-images", is_flag=True, default=None,
+              help="Skip (and count) unreadable images instead of stopping.")
 @click.option("--eval-local/--no-eval-local", default=None,
               help="Also report in-federation accuracy with local statistics.")
 @click.option("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlflow.db).")

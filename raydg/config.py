@@ -47,6 +47,7 @@ class RunConfig:
     model: str | None = None
     image_size: int | None = None
     data_root: str | None = None
+    skip_bad_images: bool = False  # skip (and count) unreadable images instead of failing
     # resources
     actors: int | None = None  # None: one per client while resources allow
     cpus_per_actor: float = 1.0

@@ -61,7 +61,7 @@ class Progress:
 def run_experiment(cfg: RunConfig, out: Callable[[str], None] = print) -> ExperimentResult:
     """Resolve ``cfg``, run one simulation per (target, seed), log everything to MLflow."""
     cfg = resolve(cfg)
-    data = load_dataset(cfg.dataset, cfg.data_root, cfg.image_size)
+    data = load_dataset(cfg.dataset, cfg.data_root, cfg.image_size, cfg.skip_bad_images, out)
     held_out = targets(cfg)
     for target in held_out:  # refuse an impossible partition before anything starts
         for seed in cfg.seeds:

@@ -73,13 +73,23 @@ class MultiDomainDataset:
 
 
 @dataclass(frozen=True)
+class LoadRequest:
+    """What a dataset loader is asked for."""
+
+    root: Path | None  # the data root (None for embedded datasets)
+    image_size: int
+    skip_bad: bool = False  # skip unreadable images (and report how many) instead of failing
+    log: Callable[[str], None] = print
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     """A registered dataset: how to load it and the protocol its papers use."""
 
     name: str
     domains: tuple[str, ...]
     defaults: TrainDefaults
-    load: Callable[[Path | None, int], MultiDomainDataset]
+    load: Callable[[LoadRequest], MultiDomainDataset]
     description: str
     needs_root: bool = False
 
@@ -97,10 +107,11 @@ def to_inputs(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]):
     return (t - m) / s
 
 
-def load_dataset(name: str, data_root: str | None, image_size: int | None) -> MultiDomainDataset:
+def load_dataset(name: str, data_root: str | None, image_size: int | None,
+                 skip_bad: bool = False, log: Callable[[str], None] = print) -> MultiDomainDataset:
     spec = DATASETS.get(name)
     root = resolve_root(spec, data_root)
-    data = spec.load(root, image_size or spec.defaults.image_size)
+    data = spec.load(LoadRequest(root, image_size or spec.defaults.image_size, skip_bad, log))
     for d in data.domains:
         if len(d) == 0:
             raise RaydgError(f"{spec.name}: domain {d.name!r} has no images")

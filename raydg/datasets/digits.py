@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from raydg.datasets import DATASETS, DatasetSpec, Domain, MultiDomainDataset, TrainDefaults
+from raydg.datasets import (
+    DATASETS,
+    DatasetSpec,
+    Domain,
+    LoadRequest,
+    MultiDomainDataset,
+    TrainDefaults,
+)
 
 DIGITS_DEFAULTS = TrainDefaults(
     rounds=10, local_steps=20, lr=0.05, momentum=0.5, batch_size=32, model="cnn", image_size=16
@@ -47,7 +52,7 @@ def _to_uint8(images: np.ndarray) -> np.ndarray:
 ROTATIONS = (0, 15, 30, 45, 60, 75)
 
 
-def load_digits_rot(_root: Path | None, size: int) -> MultiDomainDataset:
+def load_digits_rot(request: LoadRequest) -> MultiDomainDataset:
     """Rotated digits, following CSAC §4.1's Rotated-MNIST protocol.
 
     100 images per class are drawn once; domain ``M<a>`` holds the same 1,000 images rotated
@@ -55,7 +60,7 @@ def load_digits_rot(_root: Path | None, size: int) -> MultiDomainDataset:
     """
     from scipy.ndimage import rotate
 
-    images, y = _digits(size)
+    images, y = _digits(request.image_size)
     (keep,) = _stratified_groups(y, 1, 100, np.random.default_rng(_DIGITS_SEED))
     images, y = images[keep], y[keep]
     domains = []
@@ -98,7 +103,7 @@ def _style(name: str, d: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     raise ValueError(name)
 
 
-def load_digits_style(_root: Path | None, size: int) -> MultiDomainDataset:
+def load_digits_style(request: LoadRequest) -> MultiDomainDataset:
     """Digits in four appearance domains with PACS-like style shift.
 
     The 1,797 digits are split, class-balanced, into four disjoint quarters (as PACS domains hold
@@ -107,7 +112,7 @@ def load_digits_style(_root: Path | None, size: int) -> MultiDomainDataset:
     on white) and ``texture`` (bright coloured ink over dim coloured stripes). Calibrated so that
     a centrally trained CNN reaches roughly 50-90 % on each held-out style, as on PACS.
     """
-    images, y = _digits(size)
+    images, y = _digits(request.image_size)
     rng = np.random.default_rng(_DIGITS_SEED)
     groups = _stratified_groups(y, len(STYLES), None, rng)
     domains = [

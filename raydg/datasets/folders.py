@@ -13,6 +13,7 @@ from raydg.datasets import (
     IMAGENET_STD,
     DatasetSpec,
     Domain,
+    LoadRequest,
     MultiDomainDataset,
     TrainDefaults,
 )
@@ -24,12 +25,51 @@ PAPER_DEFAULTS = TrainDefaults(
 )  # FedFD-A §4.1
 
 
-def load_image_folder(root: Path, folder: str, domains: tuple[str, ...], size: int,
-                      name: str) -> MultiDomainDataset:
-    """Read DomainBed's layout ``ROOT/<folder>/<domain>/<class>/<image>``, resized to ``size``."""
-    from PIL import Image, UnidentifiedImageError
+def read_image(path: Path, size: int) -> np.ndarray:
+    """One image file as uint8 ``(3, size, size)`` RGB, bilinearly resized; raises
+    ``OSError`` (or PIL's ``UnidentifiedImageError``) for an unreadable or truncated file."""
+    from PIL import Image
 
-    base = root / folder
+    with Image.open(path) as img:
+        img = img.convert("RGB").resize((size, size), Image.BILINEAR)
+        return np.asarray(img).transpose(2, 0, 1)
+
+
+def read_images(paths: list[Path], request: LoadRequest, name: str) -> tuple[np.ndarray,
+                                                                               list[int]]:
+    """Decode and resize every file; return the images and the indices of the files read.
+
+    An unreadable file is an error naming it, or with ``request.skip_bad`` skipped and counted.
+    """
+    size = request.image_size
+    x = np.empty((len(paths), 3, size, size), dtype=np.uint8)
+    kept: list[int] = []
+    for i, path in enumerate(paths):
+        try:
+            x[len(kept)] = read_image(path, size)
+            kept.append(i)
+        except OSError as err:  # PIL's UnidentifiedImageError is an OSError
+            if not request.skip_bad:
+                raise RaydgError(f"{name}: cannot read image {path}: {err} (pass "
+                                 "--skip-bad-images to skip unreadable files)") from None
+    if len(kept) < len(paths):
+        request.log(f"{name}: skipped {len(paths) - len(kept)} unreadable image(s) of "
+                    f"{len(paths)}")
+    return x[:len(kept)], kept
+
+
+def class_files(folder: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
+    """The image files under ``folder/<class>/`` with their class indices, in sorted order."""
+    files = [(p, label) for label, c in enumerate(classes) if (folder / c).is_dir()
+             for p in sorted((folder / c).iterdir()) if p.suffix.lower() in IMAGE_EXTENSIONS]
+    return [p for p, _ in files], [label for _, label in files]
+
+
+def load_image_folder(request: LoadRequest, folder: str, domains: tuple[str, ...],
+                      name: str) -> MultiDomainDataset:
+    """Read DomainBed's layout ``ROOT/<folder>/<domain>/<class>/<image>``."""
+    assert request.root is not None
+    base = request.root / folder
     missing = [d for d in domains if not (base / d).is_dir()]
     if missing:
         raise RaydgError(f"{name}: missing domain folder(s) {missing} under {base}")
@@ -38,31 +78,17 @@ def load_image_folder(root: Path, folder: str, domains: tuple[str, ...], size: i
         raise RaydgError(f"{name}: no class folders under {base}")
     out = []
     for d in domains:
-        files = [
-            (p, label)
-            for label, c in enumerate(classes)
-            if (base / d / c).is_dir()
-            for p in sorted((base / d / c).iterdir())
-            if p.suffix.lower() in IMAGE_EXTENSIONS
-        ]
-        if not files:
+        paths, labels = class_files(base / d, classes)
+        if not paths:
             raise RaydgError(f"{name}: domain {d!r} has no images under {base / d}")
-        x = np.empty((len(files), 3, size, size), dtype=np.uint8)
-        for i, (path, _) in enumerate(files):
-            try:
-                with Image.open(path) as img:
-                    img = img.convert("RGB").resize((size, size), Image.BILINEAR)
-                    x[i] = np.asarray(img).transpose(2, 0, 1)
-            except (OSError, UnidentifiedImageError) as err:
-                raise RaydgError(f"{name}: cannot read image {path}: {err}") from err
-        out.append(Domain(d, x, np.array([label for _, label in files], dtype=np.int64)))
+        x, kept = read_images(paths, request, f"{name}/{d}")
+        out.append(Domain(d, x, np.asarray(labels, dtype=np.int64)[kept]))
     return MultiDomainDataset(name, classes, out, IMAGENET_MEAN, IMAGENET_STD)
 
 
 def _register_folder(name: str, folder: str, domains: tuple[str, ...], description: str) -> None:
-    def load(root: Path | None, size: int) -> MultiDomainDataset:
-        assert root is not None
-        return load_image_folder(root, folder, domains, size, name)
+    def load(request: LoadRequest) -> MultiDomainDataset:
+        return load_image_folder(request, folder, domains, name)
 
     DATASETS.register(name)(
         DatasetSpec(name, domains, PAPER_DEFAULTS, load, description, needs_root=True)
