@@ -46,6 +46,9 @@ def cli() -> None:
 @click.option("--batch-size", type=int, help="Local batch size.")
 @click.option("--seed", "seeds", type=int, multiple=True, help="Seed; repeat for several runs.")
 @click.option("--model", help="Backbone: cnn, resnet18, resnet50.")
+@click.option("--pretrained/--no-pretrained", default=None,
+              help="Start the ResNet from ImageNet weights (default: the dataset's protocol).")
+@click.option("--weights", help="State-dict file (torchvision format) to start the backbone from.")
 @click.option("--actors", type=int, help="Number of client actors (default: by resources).")
 @click.option("--cpus-per-actor", type=float, help="CPUs per client actor (default 1).")
 @click.option("--gpus-per-actor", type=float, help="GPUs per client actor, fractional (e.g. 0.25).")
@@ -61,7 +64,7 @@ def cli() -> None:
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override any config key, e.g. --set options.mu=0.1 (repeatable).")
 def run(dataset: str | None, config_file: str | None, sets: tuple[str, ...], seeds: tuple[int],
-        eval_local: bool | None, **options: Any) -> None:
+        eval_local: bool | None, pretrained: bool | None, **options: Any) -> None:
     """Train on the source domains of DATASET and evaluate on the held-out domain(s)."""
     from raydg.experiment import run_experiment
 
@@ -73,8 +76,9 @@ def run(dataset: str | None, config_file: str | None, sets: tuple[str, ...], see
         given["dataset"] = dataset
     if seeds:
         given["seeds"] = list(seeds)
-    if eval_local is not None:
-        given["eval_local"] = eval_local
+    for flag, value in (("eval_local", eval_local), ("pretrained", pretrained)):
+        if value is not None:
+            given[flag] = value
     cfg = config_mod.apply(cfg, given)
     cfg = config_mod.apply(cfg, config_mod.parse_sets(sets))
     run_experiment(cfg, out=click.echo)

@@ -16,6 +16,7 @@ import yaml
 
 from raydg.datasets import DATASETS
 from raydg.errors import RaydgError
+from raydg.models import IMAGENET, has_pretrained
 
 
 @dataclass
@@ -45,6 +46,8 @@ class RunConfig:
     eval_batch_size: int = 256
     # model and data
     model: str | None = None
+    pretrained: bool | None = None  # ImageNet weights; None: the dataset's default
+    weights: str | None = None  # a state-dict file to start from instead of torchvision's
     image_size: int | None = None
     data_root: str | None = None
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of failing
@@ -157,8 +160,17 @@ def resolve(cfg: RunConfig) -> RunConfig:
     defaults = dataclasses.asdict(spec.defaults)
     filled = {k: v for k, v in defaults.items() if getattr(cfg, k) is None}
     augment = METHODS.get(cfg.augment).name if cfg.augment else None
+    _check(cfg.weights is None or cfg.pretrained is not False,
+           "--weights and --no-pretrained contradict each other")
+    asked = cfg.pretrained is True or cfg.weights is not None
     cfg = dataclasses.replace(cfg, dataset=spec.name, method=METHODS.get(cfg.method).name,
                               augment=augment, **filled)
+    if not has_pretrained(cfg.model):
+        _check(not asked, f"model {cfg.model} has no pretrained weights; drop --pretrained "
+                          "and --weights")
+        cfg = dataclasses.replace(cfg, pretrained=False)  # the dataset default does not apply
+    elif cfg.weights is not None:
+        cfg = dataclasses.replace(cfg, pretrained=True)
     validate(cfg)
     return cfg
 
@@ -194,6 +206,13 @@ def validate(cfg: RunConfig) -> None:
     _check(cfg.actors is None or cfg.actors > 0, f"actors must be positive, got {cfg.actors}")
     _check(cfg.cpus_per_actor > 0, "cpus_per_actor must be positive")
     _check(cfg.gpus_per_actor >= 0, "gpus_per_actor must be >= 0")
+
+
+def init_weights(cfg: RunConfig) -> str | None:
+    """What the initial global model starts from: None (random), ``imagenet`` or a file."""
+    if not cfg.pretrained:
+        return None
+    return cfg.weights or IMAGENET
 
 
 def clients_per_round(cfg: RunConfig, num_clients: int) -> int:

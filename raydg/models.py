@@ -1,16 +1,25 @@
 """Backbones behind one interface: ``model.features(x)`` -> flat features, ``model.classifier``.
 
 The feature/classifier split is what FedFD-A (F_theta, C_phi), gPerXAN (g_i, h_g) and CSAC need.
+The ResNets can start from ImageNet weights (the papers' setting): torchvision's weights API
+(its standard cache, downloaded where there is internet) or a state-dict file the user gives,
+loaded with ``weights_only``. Only the driver loads them, into the initial global model.
 """
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import torch
 from torch import Tensor, nn
 
+from raydg.errors import RaydgError
 from raydg.registry import Registry
+
+IMAGENET = "imagenet"
 
 
 @dataclass(frozen=True)
@@ -19,6 +28,7 @@ class ModelSpec:
     in_channels: int
     num_classes: int
     image_size: int
+    weights: str | None = None  # None: random init; "imagenet"; or a state-dict file
 
 
 class FeatureClassifier(nn.Module):
@@ -51,23 +61,77 @@ def small_cnn(spec: ModelSpec, width: int = 16) -> FeatureClassifier:
     return FeatureClassifier(features, 4 * w, spec.num_classes)
 
 
-def _resnet(arch: str) -> Callable[[ModelSpec], FeatureClassifier]:
+def imagenet_state(arch: str, enum: str) -> dict[str, Tensor]:
+    """torchvision's ImageNet weights of ``arch`` from its cache, downloading them if needed."""
+    import torchvision
+
+    weights = getattr(torchvision.models, enum).IMAGENET1K_V1
+    try:
+        return weights.get_state_dict(progress=False, weights_only=True, map_location="cpu")
+    except OSError as err:  # urllib's URLError is an OSError
+        cache = Path(torch.hub.get_dir()) / "checkpoints" / Path(weights.url).name
+        raise RaydgError(f"ImageNet weights of {arch} are not in torch's cache ({cache}) and "
+                         f"cannot be downloaded ({err}); pass --weights FILE or "
+                         "--no-pretrained") from None
+
+
+def file_state(path: str) -> dict[str, Tensor]:
+    """A state dict from a user's file, loaded with ``weights_only``."""
+    if not Path(path).is_file():
+        raise RaydgError(f"weights file {path!r} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, ValueError, pickle.UnpicklingError) as err:
+        raise RaydgError(f"cannot load weights file {path}: {err}") from None
+    if not isinstance(state, dict):
+        raise RaydgError(f"weights file {path} holds a {type(state).__name__}, not a state dict")
+    return state
+
+
+def load_backbone(net: nn.Module, state: dict[str, Tensor], source: str) -> None:
+    """Load a torchvision-format state dict into ``net``; its ``fc`` (the ImageNet head) is
+    ignored. Missing keys or mismatched shapes are one clear error."""
+    own = {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")}
+    missing = sorted(set(own) - set(state))
+    bad = sorted(k for k in own if k in state and state[k].shape != own[k].shape)
+    if missing or bad:
+        raise RaydgError(f"weights from {source} do not fit: missing {missing[:3]}, wrong "
+                         f"shape {bad[:3]} ({len(missing)} missing, {len(bad)} mismatched)")
+    net.load_state_dict({k: state[k] for k in own}, strict=False)
+
+
+def _resnet(arch: str, enum: str) -> Callable[[ModelSpec], FeatureClassifier]:
     def build(spec: ModelSpec) -> FeatureClassifier:
         import torchvision
 
         net = getattr(torchvision.models, arch)(weights=None)
-        if spec.in_channels != 3:
+        if spec.weights is not None:
+            if spec.in_channels != 3:
+                raise RaydgError(f"pretrained {arch} needs 3-channel images, not "
+                                 f"{spec.in_channels}; pass --no-pretrained")
+            state = (imagenet_state(arch, enum) if spec.weights == IMAGENET
+                     else file_state(spec.weights))
+            load_backbone(net, state, spec.weights)
+        elif spec.in_channels != 3:
             net.conv1 = nn.Conv2d(spec.in_channels, 64, 7, 2, 3, bias=False)
         dim = net.fc.in_features
         net.fc = nn.Identity()
         return FeatureClassifier(net, dim, spec.num_classes)
 
-    build.__doc__ = f"torchvision {arch}, randomly initialised, its fc replaced by the classifier."
+    build.__doc__ = (f"torchvision {arch}, ImageNet weights or random init, its fc replaced by "
+                     "the classifier.")
     return build
 
 
-MODELS.register("resnet18")(_resnet("resnet18"))
-MODELS.register("resnet50")(_resnet("resnet50"))
+IMAGENET_WEIGHTS = {"resnet18": "ResNet18_Weights", "resnet50": "ResNet50_Weights"}
+for _arch, _enum in IMAGENET_WEIGHTS.items():
+    MODELS.register(_arch)(_resnet(_arch, _enum))
+
+
+def has_pretrained(name: str) -> bool:
+    """Whether the backbone ``name`` can start from pretrained (ImageNet) weights."""
+    MODELS.get(name)  # unknown names are an error
+    return name.lower() in IMAGENET_WEIGHTS
 
 
 def build_model(spec: ModelSpec) -> FeatureClassifier:

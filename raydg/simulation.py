@@ -23,7 +23,7 @@ import torch
 from raydg import seeding
 from raydg import state as st
 from raydg.actors import ClientPool, start_evaluator
-from raydg.config import RunConfig, clients_per_round
+from raydg.config import RunConfig, clients_per_round, init_weights
 from raydg.datasets import MultiDomainDataset
 from raydg.ledger import DOWN, UP, Ledger, payload_nbytes
 from raydg.methods import Method, Upload, method_class
@@ -63,7 +63,9 @@ class Simulation:
             method = method_cls(method_cls.parse_options(cfg.options))
         self.method = method
         torch.manual_seed(seeding.derive_seed(seed, seeding.MODEL_INIT))
-        model = self.method.build_model(self.spec)
+        # only the initial global model loads pretrained weights; actors build the architecture
+        model = self.method.build_model(dataclasses.replace(self.spec,
+                                                            weights=init_weights(cfg)))
         self.local_keys = self.method.local_keys(model)
         self.global_state = st.to_numpy(model)
         self.round = 0

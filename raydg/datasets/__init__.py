@@ -37,6 +37,7 @@ class TrainDefaults:
     batch_size: int
     model: str
     image_size: int
+    pretrained: bool = False  # start the backbone from ImageNet weights (where it has them)
 
 
 @dataclass

@@ -21,8 +21,8 @@ from raydg.errors import RaydgError
 
 PAPER_DEFAULTS = TrainDefaults(
     rounds=40, local_steps=200, lr=0.01, momentum=0.5, batch_size=64, model="resnet18",
-    image_size=224,
-)  # FedFD-A §4.1
+    image_size=224, pretrained=True,
+)  # FedFD-A §4.1 (ImageNet-pretrained ResNet-18)
 
 
 def read_image(path: Path, size: int) -> np.ndarray:

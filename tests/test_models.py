@@ -1,0 +1,77 @@
+"""Backbones: ImageNet weights from torch's cache or a user's file, and their config rules."""
+
+from __future__ import annotations
+
+import urllib.error
+
+import pytest
+import torch
+import torchvision
+
+from raydg.config import RunConfig, init_weights, resolve
+from raydg.errors import RaydgError
+from raydg.models import ModelSpec, build_model
+
+
+def _saved_resnet18(path) -> dict:
+    torch.manual_seed(123)
+    state = torchvision.models.resnet18(weights=None).state_dict()  # with its 1000-class fc
+    torch.save(state, path)
+    return state
+
+
+def test_weights_file_initialises_the_backbone(tmp_path):
+    state = _saved_resnet18(tmp_path / "r18.pth")
+    model = build_model(ModelSpec("resnet18", 3, 7, 32, weights=str(tmp_path / "r18.pth")))
+    assert torch.equal(model.features.conv1.weight, state["conv1.weight"])
+    assert torch.equal(model.features.layer4[1].bn2.running_var, state["layer4.1.bn2.running_var"])
+    assert model.classifier.out_features == 7  # the ImageNet head is not used
+    fresh = build_model(ModelSpec("resnet18", 3, 7, 32))
+    assert not torch.equal(fresh.features.conv1.weight, state["conv1.weight"])
+
+
+def test_bad_weight_files_are_one_clear_error(tmp_path):
+    spec = ModelSpec("resnet50", 3, 7, 32, weights=str(tmp_path / "r18.pth"))
+    _saved_resnet18(tmp_path / "r18.pth")
+    with pytest.raises(RaydgError, match="do not fit"):
+        build_model(spec)
+    with pytest.raises(RaydgError, match="does not exist"):
+        build_model(ModelSpec("resnet18", 3, 7, 32, weights=str(tmp_path / "none.pth")))
+    torch.save(torch.zeros(3), tmp_path / "tensor.pth")
+    with pytest.raises(RaydgError, match="not a state dict"):
+        build_model(ModelSpec("resnet18", 3, 7, 32, weights=str(tmp_path / "tensor.pth")))
+    torch.save({"cls": RunConfig}, tmp_path / "pickled.pth")  # arbitrary pickle: refused
+    with pytest.raises(RaydgError, match="cannot load"):
+        build_model(ModelSpec("resnet18", 3, 7, 32, weights=str(tmp_path / "pickled.pth")))
+    with pytest.raises(RaydgError, match="3-channel"):
+        build_model(ModelSpec("resnet18", 1, 7, 32, weights=str(tmp_path / "r18.pth")))
+
+
+def test_imagenet_weights_come_from_torch_cache_or_fail_clearly(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    cache = tmp_path / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+
+    def offline(*_args, **_kwargs):
+        raise urllib.error.URLError("network is unreachable")
+
+    monkeypatch.setattr(torch.hub, "urlopen", offline)
+    with pytest.raises(RaydgError, match=r"--weights FILE or --no-pretrained"):
+        build_model(ModelSpec("resnet18", 3, 7, 32, weights="imagenet"))
+    state = _saved_resnet18(cache / "resnet18-f37072fd.pth")
+    model = build_model(ModelSpec("resnet18", 3, 7, 32, weights="imagenet"))
+    assert torch.equal(model.features.conv1.weight, state["conv1.weight"])
+
+
+def test_pretrained_follows_the_dataset_and_the_model():
+    pacs = resolve(RunConfig(dataset="pacs"))
+    assert pacs.pretrained and init_weights(pacs) == "imagenet"
+    assert init_weights(resolve(RunConfig(dataset="pacs", pretrained=False))) is None
+    assert resolve(RunConfig(dataset="pacs", model="cnn")).pretrained is False
+    assert init_weights(resolve(RunConfig(dataset="digits-style"))) is None
+    own = resolve(RunConfig(dataset="digits-style", model="resnet18", weights="w.pth"))
+    assert init_weights(own) == "w.pth"
+    with pytest.raises(RaydgError, match="no pretrained weights"):
+        resolve(RunConfig(dataset="digits-style", pretrained=True))
+    with pytest.raises(RaydgError, match="contradict"):
+        resolve(RunConfig(dataset="pacs", pretrained=False, weights="w.pth"))
