@@ -55,6 +55,9 @@ def cli() -> None:
 @click.option("--data-root", help="Root folder of image datasets (or RAYDG_DATA_ROOT).")
 @click.option("--skip-bad-images", is_flag=True, default=None,
               help="Skip (and count) unreadable images instead of stopping.")
+@click.option("--cache/--no-cache", default=None,
+              help="Decode image files once into the cache (default) or every run.")
+@click.option("--cache-dir", help="Decoded-image cache (default $RAYDG_CACHE or ~/.cache/raydg).")
 @click.option("--eval-local/--no-eval-local", default=None,
               help="Also report in-federation accuracy with local statistics.")
 @click.option("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlflow.db).")
@@ -64,7 +67,8 @@ def cli() -> None:
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override any config key, e.g. --set options.mu=0.1 (repeatable).")
 def run(dataset: str | None, config_file: str | None, sets: tuple[str, ...], seeds: tuple[int],
-        eval_local: bool | None, pretrained: bool | None, **options: Any) -> None:
+        eval_local: bool | None, pretrained: bool | None, cache: bool | None,
+        **options: Any) -> None:
     """Train on the source domains of DATASET and evaluate on the held-out domain(s)."""
     from raydg.experiment import run_experiment
 
@@ -76,7 +80,7 @@ def run(dataset: str | None, config_file: str | None, sets: tuple[str, ...], see
         given["dataset"] = dataset
     if seeds:
         given["seeds"] = list(seeds)
-    for flag, value in (("eval_local", eval_local), ("pretrained", pretrained)):
+    for flag, value in (("eval_local", eval_local), ("pretrained", pretrained), ("cache", cache)):
         if value is not None:
             given[flag] = value
     cfg = config_mod.apply(cfg, given)

@@ -51,6 +51,8 @@ class RunConfig:
     image_size: int | None = None
     data_root: str | None = None
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of failing
+    cache: bool = True  # decode image files once into cache_dir, memory-map them afterwards
+    cache_dir: str | None = None  # None: $RAYDG_CACHE or ~/.cache/raydg
     # resources
     actors: int | None = None  # None: one per client while resources allow
     cpus_per_actor: float = 1.0

@@ -11,6 +11,7 @@ import ray
 
 from raydg.config import RunConfig, resolve, targets
 from raydg.datasets import load_dataset
+from raydg.datasets.cache import cache_root
 from raydg.partition import plan_clients
 from raydg.results import format_summary, long_rows, summary_rows
 from raydg.simulation import Simulation, SimulationResult
@@ -61,7 +62,9 @@ class Progress:
 def run_experiment(cfg: RunConfig, out: Callable[[str], None] = print) -> ExperimentResult:
     """Resolve ``cfg``, run one simulation per (target, seed), log everything to MLflow."""
     cfg = resolve(cfg)
-    data = load_dataset(cfg.dataset, cfg.data_root, cfg.image_size, cfg.skip_bad_images, out)
+    cache = cache_root(cfg.cache_dir) if cfg.cache else None
+    data = load_dataset(cfg.dataset, cfg.data_root, cfg.image_size, cfg.skip_bad_images, out,
+                        cache)
     held_out = targets(cfg)
     for target in held_out:  # refuse an impossible partition before anything starts
         for seed in cfg.seeds:

@@ -90,3 +90,43 @@ def test_image_folder_errors(tmp_path, monkeypatch):
     (tmp_path / "PACS" / "sketch" / "dog" / "bad.jpg").write_bytes(b"not a jpeg")
     with pytest.raises(RaydgError, match=r"bad\.jpg"):
         load_dataset("pacs", str(tmp_path), 8)
+
+
+def test_unreadable_images_can_be_skipped_and_counted(tmp_path):
+    _write_tree(tmp_path, PACS, ["dog", "horse"], per_class=3)
+    bad = tmp_path / "PACS" / "cartoon" / "dog" / "9.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 truncated jpeg")
+    with pytest.raises(RaydgError, match=r"cartoon/dog/9\.jpg.*--skip-bad-images"):
+        load_dataset("pacs", str(tmp_path), 8)
+    said: list[str] = []
+    data = load_dataset("pacs", str(tmp_path), 8, skip_bad=True, log=said.append)
+    assert len(data.domain("cartoon")) == 6 and len(data.domain("photo")) == 6
+    np.testing.assert_array_equal(data.domain("cartoon").y, [0, 0, 0, 1, 1, 1])
+    assert said == ["pacs/cartoon: skipped 1 unreadable image(s) of 7"]
+
+
+def test_decoded_images_are_cached_and_the_cache_follows_the_files(tmp_path, monkeypatch):
+    from raydg.datasets import folders
+
+    _write_tree(tmp_path / "data", PACS, ["dog", "horse"], per_class=2)
+    cache, said = tmp_path / "cache", []
+    first = load_dataset("pacs", str(tmp_path / "data"), 8, log=said.append, cache=cache)
+    assert said[-1].startswith("pacs: cached the decoded images")
+
+    def no_decoding(*_args):
+        raise AssertionError("decoded an image although it is cached")
+
+    monkeypatch.setattr(folders, "read_image", no_decoding)
+    again = load_dataset("pacs", str(tmp_path / "data"), 8, log=said.append, cache=cache)
+    assert said[-1].startswith("pacs: decoded images from the cache")
+    assert isinstance(again.domains[0].x, np.memmap)
+    assert again.classes == first.classes and again.domain_names == first.domain_names
+    for a, b in zip(first.domains, again.domains, strict=True):
+        np.testing.assert_array_equal(a.x, b.x)
+        np.testing.assert_array_equal(a.y, b.y)
+    Image.new("RGB", (9, 9), (1, 2, 3)).save(tmp_path / "data/PACS/photo/dog/new.png")
+    with pytest.raises(AssertionError, match="decoded an image"):  # a new file: a new entry
+        load_dataset("pacs", str(tmp_path / "data"), 8, log=said.append, cache=cache)
+    monkeypatch.undo()
+    assert len(load_dataset("pacs", str(tmp_path / "data"), 8, cache=cache).domain("photo")) == 5
+    assert len(list(cache.iterdir())) == 2

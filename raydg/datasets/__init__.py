@@ -93,6 +93,7 @@ class DatasetSpec:
     load: Callable[[LoadRequest], MultiDomainDataset]
     description: str
     needs_root: bool = False
+    folder: str = ""  # the dataset's folder under the data root (what the cache key covers)
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")
@@ -109,13 +110,29 @@ def to_inputs(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]):
 
 
 def load_dataset(name: str, data_root: str | None, image_size: int | None,
-                 skip_bad: bool = False, log: Callable[[str], None] = print) -> MultiDomainDataset:
+                 skip_bad: bool = False, log: Callable[[str], None] = print,
+                 cache: Path | None = None) -> MultiDomainDataset:
+    """Load a registered dataset; a file-based one is decoded once into ``cache`` (a folder;
+    None: no cache) and memory-mapped from there afterwards."""
+    from raydg.datasets import cache as cache_mod
+
     spec = DATASETS.get(name)
     root = resolve_root(spec, data_root)
-    data = spec.load(LoadRequest(root, image_size or spec.defaults.image_size, skip_bad, log))
+    request = LoadRequest(root, image_size or spec.defaults.image_size, skip_bad, log)
+    entry = None
+    if cache is not None and root is not None and (root / spec.folder).is_dir():
+        entry = cache / cache_mod.fingerprint(spec.name, request, root / spec.folder)
+        data = cache_mod.load(entry)
+        if data is not None:
+            log(f"{spec.name}: decoded images from the cache {entry}")
+            return data
+    data = spec.load(request)
     for d in data.domains:
         if len(d) == 0:
             raise RaydgError(f"{spec.name}: domain {d.name!r} has no images")
+    if entry is not None:
+        cache_mod.store(entry, data)
+        log(f"{spec.name}: cached the decoded images in {entry}")
     return data
 
 

@@ -91,7 +91,8 @@ def _register_folder(name: str, folder: str, domains: tuple[str, ...], descripti
         return load_image_folder(request, folder, domains, name)
 
     DATASETS.register(name)(
-        DatasetSpec(name, domains, PAPER_DEFAULTS, load, description, needs_root=True)
+        DatasetSpec(name, domains, PAPER_DEFAULTS, load, description, needs_root=True,
+                    folder=folder)
     )
 
 
