@@ -130,3 +130,29 @@ def test_decoded_images_are_cached_and_the_cache_follows_the_files(tmp_path, mon
     monkeypatch.undo()
     assert len(load_dataset("pacs", str(tmp_path / "data"), 8, cache=cache).domain("photo")) == 5
     assert len(list(cache.iterdir())) == 2
+
+
+def test_domains_must_share_their_class_folders(tmp_path):
+    _write_tree(tmp_path, PACS, ["dog"])
+    (tmp_path / "PACS" / "photo" / "horse").mkdir()
+    with pytest.raises(RaydgError, match=r"class folders missing: \{'art_painting': \['horse'\]"):
+        load_dataset("pacs", str(tmp_path), 8)
+
+
+def test_office_caltech_home_merges_the_common_classes(tmp_path):
+    def tree(base, domains, classes):
+        for d in domains:
+            for c in classes:
+                (tmp_path / base / d / c).mkdir(parents=True)
+                Image.new("RGB", (5, 5), (len(c), 0, 0)).save(tmp_path / base / d / c / "0.jpg")
+
+    tree("office_caltech_10", ["amazon", "webcam", "caltech", "dslr"],
+         ["back_pack", "headphones", "laptop_computer", "mug"])
+    tree("office_home", ["Art", "Clipart", "Product", "Real World"],
+         ["Backpack", "Laptop", "Mug", "Webcam"])
+    data = load_dataset("office-caltech-home", str(tmp_path), 8)
+    assert data.domain_names == ["Amazon", "Webcam", "Caltech", "Art", "Clipart", "Product",
+                                 "Real World"]
+    assert data.classes == ["backpack", "laptop", "mug"]
+    for d in data.domains:
+        np.testing.assert_array_equal(d.y, [0, 1, 2])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,47 +59,86 @@ def read_images(paths: list[Path], request: LoadRequest, name: str) -> tuple[np.
     return x[:len(kept)], kept
 
 
-def class_files(folder: Path, classes: list[str]) -> tuple[list[Path], list[int]]:
-    """The image files under ``folder/<class>/`` with their class indices, in sorted order."""
-    files = [(p, label) for label, c in enumerate(classes) if (folder / c).is_dir()
-             for p in sorted((folder / c).iterdir()) if p.suffix.lower() in IMAGE_EXTENSIONS]
+def class_files(folder: Path, classes: dict[str, int],
+                key: Callable[[str], str]) -> tuple[list[Path], list[int]]:
+    """The image files under ``folder/<class>/`` whose ``key(class)`` is one of ``classes``,
+    with its index, in sorted order."""
+    files = [(p, classes[key(c.name)]) for c in sorted(folder.iterdir())
+             if c.is_dir() and key(c.name) in classes
+             for p in sorted(c.iterdir()) if p.suffix.lower() in IMAGE_EXTENSIONS]
     return [p for p, _ in files], [label for _, label in files]
 
 
-def load_image_folder(request: LoadRequest, folder: str, domains: tuple[str, ...],
-                      name: str) -> MultiDomainDataset:
-    """Read DomainBed's layout ``ROOT/<folder>/<domain>/<class>/<image>``."""
+def load_folders(request: LoadRequest, name: str, domains: dict[str, str],
+                 key: Callable[[str], str] | None = None) -> MultiDomainDataset:
+    """Domains from ``ROOT/<domains[d]>/<class>/<image>``. Every domain must have the same
+    class folders; with ``key`` (a merged dataset) the classes are instead those that every
+    domain has, compared by ``key(folder name)``."""
     assert request.root is not None
-    base = request.root / folder
-    missing = [d for d in domains if not (base / d).is_dir()]
+    folders = {d: request.root / rel for d, rel in domains.items()}
+    missing = [str(f) for f in folders.values() if not f.is_dir()]
     if missing:
-        raise RaydgError(f"{name}: missing domain folder(s) {missing} under {base}")
-    classes = sorted({c.name for d in domains for c in (base / d).iterdir() if c.is_dir()})
-    if not classes:
-        raise RaydgError(f"{name}: no class folders under {base}")
+        raise RaydgError(f"{name}: missing domain folder(s) {missing}")
+    per_domain = {d: {(key or str)(c.name) for c in f.iterdir() if c.is_dir()}
+                  for d, f in folders.items()}
+    common = sorted(set.intersection(*per_domain.values()))
+    every = set.union(*per_domain.values())
+    if key is None and common and len(common) < len(every):
+        lacking = {d: sorted(every - have) for d, have in per_domain.items() if have != every}
+        raise RaydgError(f"{name}: class folders missing: {lacking}")
+    if not common:
+        raise RaydgError(f"{name}: no class folders common to {sorted(map(str, folders.values()))}")
+    index = {c: i for i, c in enumerate(common)}
     out = []
-    for d in domains:
-        paths, labels = class_files(base / d, classes)
+    for d, folder in folders.items():
+        paths, labels = class_files(folder, index, key or str)
         if not paths:
-            raise RaydgError(f"{name}: domain {d!r} has no images under {base / d}")
+            raise RaydgError(f"{name}: domain {d!r} has no images under {folder}")
         x, kept = read_images(paths, request, f"{name}/{d}")
         out.append(Domain(d, x, np.asarray(labels, dtype=np.int64)[kept]))
-    return MultiDomainDataset(name, classes, out, IMAGENET_MEAN, IMAGENET_STD)
+    return MultiDomainDataset(name, common, out, IMAGENET_MEAN, IMAGENET_STD)
 
 
-def _register_folder(name: str, folder: str, domains: tuple[str, ...], description: str) -> None:
+def _register(name: str, folder: str, domains: dict[str, str], description: str,
+              key: Callable[[str], str] | None = None) -> None:
     def load(request: LoadRequest) -> MultiDomainDataset:
-        return load_image_folder(request, folder, domains, name)
+        return load_folders(request, name, domains, key)
 
     DATASETS.register(name)(
-        DatasetSpec(name, domains, PAPER_DEFAULTS, load, description, needs_root=True,
+        DatasetSpec(name, tuple(domains), PAPER_DEFAULTS, load, description, needs_root=True,
                     folder=folder)
     )
 
 
-_register_folder("pacs", "PACS", ("art_painting", "cartoon", "photo", "sketch"),
-                 "PACS, 7 classes, 4 domains (DomainBed layout; needs --data-root)")
-_register_folder("vlcs", "VLCS", ("Caltech101", "LabelMe", "SUN09", "VOC2007"),
-                 "VLCS, 5 classes, 4 domains (DomainBed layout; needs --data-root)")
-_register_folder("officehome", "office_home", ("Art", "Clipart", "Product", "Real World"),
-                 "OfficeHome, 65 classes, 4 domains (DomainBed layout; needs --data-root)")
+def _domainbed(name: str, folder: str, domains: tuple[str, ...], description: str) -> None:
+    """A dataset in DomainBed's layout ``ROOT/<folder>/<domain>/<class>/``."""
+    _register(name, folder, {d: f"{folder}/{d}" for d in domains}, description)
+
+
+_domainbed("pacs", "PACS", ("art_painting", "cartoon", "photo", "sketch"),
+           "PACS, 7 classes, 4 domains (DomainBed layout; needs --data-root)")
+_domainbed("vlcs", "VLCS", ("Caltech101", "LabelMe", "SUN09", "VOC2007"),
+           "VLCS, 5 classes, 4 domains (DomainBed layout; needs --data-root)")
+_domainbed("officehome", "office_home", ("Art", "Clipart", "Product", "Real World"),
+           "OfficeHome, 65 classes, 4 domains (DomainBed layout; needs --data-root)")
+_domainbed("domainnet", "domain_net",
+           ("clipart", "infograph", "painting", "quickdraw", "real", "sketch"),
+           "DomainNet, 345 classes, 6 domains (DomainBed layout; needs --data-root; decoded "
+           "into memory: ~0.6 M images, use a small --image-size or a large machine)")
+
+OFFICE_CALTECH_ALIASES = {"back_pack": "backpack", "laptop_computer": "laptop"}
+
+
+def office_class(folder: str) -> str:
+    """One name for a class in Office-Caltech10 (``back_pack``) and OfficeHome (``Backpack``)."""
+    name = folder.lower().replace(" ", "_")
+    return OFFICE_CALTECH_ALIASES.get(name, name)
+
+
+_register("office-caltech-home", "", {
+    "Amazon": "office_caltech_10/amazon", "Webcam": "office_caltech_10/webcam",
+    "Caltech": "office_caltech_10/caltech", **{d: f"office_home/{d}" for d in (
+        "Art", "Clipart", "Product", "Real World")}},
+    "Office-Caltech-Home (CSAC §4.1): the classes common to Office-Caltech10 and OfficeHome, "
+    "7 domains, DSLR dropped (needs --data-root with office_caltech_10/ and office_home/)",
+    key=office_class)
