@@ -44,7 +44,7 @@ def measure(name: str, args: argparse.Namespace) -> dict[str, float]:
     cfg = resolve(RunConfig(dataset="digits-style", method=name, batch_size=args.batch_size))
     ctx = ClientContext(client_id=0, round=1, data=None, model=model, config=cfg,
                         device=torch.device("cpu"), global_state=state.to_numpy(model),
-                        memory={}, generator=torch.Generator(), inputs=None)
+                        memory={}, generator=torch.Generator(), inputs=None, train_inputs=None)
     method.start_round(ctx)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size)
     y = torch.randint(0, args.classes, (args.batch_size,))

@@ -26,6 +26,7 @@ from raydg.errors import RaydgError
 from raydg.methods import ClientContext, Method, Upload
 from raydg.models import ModelSpec
 from raydg.partition import ClientData
+from raydg.transforms import augment_batch, make_transform
 
 
 def pick_device(gpus: float) -> torch.device:
@@ -62,12 +63,19 @@ class Runtime:
         self.model = self.method.build_model(spec).to(self.device)
         self.local_keys = self.method.local_keys(self.model)
         self.mean, self.std = mean, std
+        self.transform = make_transform(cfg.train_transform, spec.image_size)
 
     def where(self) -> str:
         return f"{socket.gethostname()} ({self.device})"
 
     def inputs(self, x: np.ndarray) -> torch.Tensor:
         return to_inputs(x, self.mean, self.std).to(self.device, non_blocking=True)
+
+    def train_inputs(self, x: np.ndarray) -> torch.Tensor:
+        """``inputs`` of a training batch, after the configured per-image augmentation."""
+        if self.transform is None:
+            return self.inputs(x)
+        return self.inputs(augment_batch(torch.from_numpy(np.asarray(x)), self.transform).numpy())
 
     @torch.no_grad()
     def accuracy(self, model: nn.Module, x: np.ndarray, y: np.ndarray, mode: str) -> float:
@@ -114,7 +122,7 @@ class ClientHost(Runtime):
             client_id=cid, round=rnd, data=slot.data, model=self.model, config=self.cfg,
             device=self.device, global_state=global_state, memory=slot.state.memory,
             generator=seeding.torch_generator(self.cfg.seed, seeding.CLIENT, cid, rnd, 1),
-            inputs=self.inputs,
+            inputs=self.inputs, train_inputs=self.train_inputs,
         )
 
     def train(self, cid: int, global_state: st.State, rnd: int) -> Upload:

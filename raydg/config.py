@@ -17,6 +17,7 @@ import yaml
 from raydg.datasets import DATASETS
 from raydg.errors import RaydgError
 from raydg.models import IMAGENET, has_pretrained
+from raydg.transforms import TRANSFORMS
 
 
 @dataclass
@@ -49,6 +50,7 @@ class RunConfig:
     pretrained: bool | None = None  # ImageNet weights; None: the dataset's default
     weights: str | None = None  # a state-dict file to start from instead of torchvision's
     image_size: int | None = None
+    train_transform: str = "none"  # none | flip | crop-flip | domainbed (raydg.transforms)
     data_root: str | None = None
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of failing
     cache: bool = True  # decode image files once into cache_dir, memory-map them afterwards
@@ -206,6 +208,8 @@ def validate(cfg: RunConfig) -> None:
     _check(cfg.agg_weights in ("samples", "uniform"),
            f"agg_weights must be 'samples' or 'uniform', got {cfg.agg_weights!r}")
     _check(cfg.actors is None or cfg.actors > 0, f"actors must be positive, got {cfg.actors}")
+    _check(cfg.train_transform in TRANSFORMS,
+           f"train_transform must be one of {', '.join(TRANSFORMS)}, got {cfg.train_transform!r}")
     _check(cfg.cpus_per_actor > 0, "cpus_per_actor must be positive")
     _check(cfg.gpus_per_actor >= 0, "gpus_per_actor must be >= 0")
 

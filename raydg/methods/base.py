@@ -74,6 +74,7 @@ class ClientContext:
     memory: dict[str, Any]
     generator: torch.Generator
     inputs: Any  # callable: uint8 numpy images -> normalised float tensor on ``device``
+    train_inputs: Any  # the same after the run's training augmentation (``train_transform``)
     scratch: dict[str, Any] = field(default_factory=dict)
     optimizer: torch.optim.Optimizer | None = None
 
@@ -83,14 +84,15 @@ class ClientContext:
                                weight_decay=cfg.weight_decay)
 
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
-        """Endless seeded minibatches of the training shard, reshuffled every epoch."""
+        """Endless seeded minibatches of the training shard, reshuffled every epoch, with the
+        run's training augmentation."""
         n, bs = self.data.num_train, self.config.batch_size
         bs = min(bs, n)
         while True:
             perm = torch.randperm(n, generator=self.generator).numpy()
             for i in range(0, n - bs + 1, bs):
                 idx = perm[i:i + bs]
-                x = self.inputs(self.data.train_x[idx])
+                x = self.train_inputs(self.data.train_x[idx])
                 y = torch.from_numpy(self.data.train_y[idx]).to(self.device)
                 yield x, y
 
