@@ -12,11 +12,12 @@ import importlib
 import os
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from raydg.download import Archive
 from raydg.errors import RaydgError
 from raydg.registry import Registry
 
@@ -81,6 +82,18 @@ class LoadRequest:
     image_size: int
     skip_bad: bool = False  # skip unreadable images (and report how many) instead of failing
     log: Callable[[str], None] = print
+    bad_files: list[str] = field(default_factory=list)  # filled with what was skipped, and why
+
+
+@dataclass(frozen=True)
+class DataSource:
+    """Where a dataset's files come from (``raydg data download``) and where they go."""
+
+    archives: tuple[Archive, ...]
+    into: str = ""  # the folder under the data root that receives them
+    extract: bool = True  # unpack each archive there (else keep the files as they are)
+    renames: tuple[tuple[str, str], ...] = ()  # (from, to) under the root, after extraction
+    note: str = ""  # what differs from the canonical preparation, if anything
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,8 @@ class DatasetSpec:
     description: str
     needs_root: bool = False
     folder: str = ""  # the dataset's folder under the data root (what the cache key covers)
+    source: DataSource | None = None  # None: no public download is known
+    expected: tuple[int, ...] | None = None  # images per domain, checked by ``raydg data check``
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")

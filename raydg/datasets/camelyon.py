@@ -18,12 +18,14 @@ from raydg.datasets import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     DatasetSpec,
+    DataSource,
     Domain,
     LoadRequest,
     MultiDomainDataset,
     TrainDefaults,
 )
 from raydg.datasets.folders import read_images
+from raydg.download import Archive
 from raydg.errors import RaydgError
 
 FOLDER = "camelyon17_v1.0"
@@ -31,6 +33,10 @@ HOSPITALS = tuple(f"hospital{c}" for c in range(5))
 CLASSES = ["normal", "tumor"]
 COLUMNS = ("patient", "node", "x_coord", "y_coord", "tumor", "center")
 SMALL_CAP = 2000  # camelyon17-small: patches per hospital
+SOURCE = DataSource((Archive(  # the WILDS v1.0 release, as the wilds package downloads it
+    "https://worksheets.codalab.org/rest/bundles/0xe45e15f39fb54e9d9e919556af67aabe/contents/"
+    "blob/", "archive.tar.gz", size=10_658_709_504),), into=FOLDER)
+COUNTS = (59_436, 34_904, 85_054, 129_838, 146_722)  # patches per hospital (WILDS v1.0)
 CAMELYON_SEED = 20240603  # fixed: the capped subset never depends on the run seed
 
 # gPerXAN §4 "Implementation Details": Camelyon17 "images are resized to 96x96 pixels, and
@@ -134,7 +140,7 @@ DATASETS.register("camelyon17")(
         "camelyon17", HOSPITALS, CAMELYON_DEFAULTS, load_camelyon17,
         "Camelyon17 (WILDS v1.0), 2 classes, 5 hospitals, all 455,954 patches (~12.6 GB in "
         f"memory); needs --data-root with {FOLDER}/metadata.csv and patches/",
-        needs_root=True, folder=FOLDER,
+        needs_root=True, folder=FOLDER, source=SOURCE, expected=COUNTS,
     )
 )
 DATASETS.register("camelyon17-small")(
@@ -142,6 +148,6 @@ DATASETS.register("camelyon17-small")(
         "camelyon17-small", HOSPITALS, SMALL_DEFAULTS, load_camelyon17_small,
         f"Camelyon17 capped at {SMALL_CAP:,} patches per hospital (class-stratified, fixed "
         f"seed) for laptops; needs --data-root with {FOLDER}/metadata.csv and patches/",
-        needs_root=True, folder=FOLDER,
+        needs_root=True, folder=FOLDER, source=SOURCE, expected=(SMALL_CAP,) * len(HOSPITALS),
     )
 )

@@ -13,11 +13,13 @@ from raydg.datasets import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     DatasetSpec,
+    DataSource,
     Domain,
     LoadRequest,
     MultiDomainDataset,
     TrainDefaults,
 )
+from raydg.download import Archive, drive_url
 from raydg.errors import RaydgError
 
 PAPER_DEFAULTS = TrainDefaults(
@@ -53,6 +55,7 @@ def read_images(paths: list[Path], request: LoadRequest, name: str) -> tuple[np.
             if not request.skip_bad:
                 raise RaydgError(f"{name}: cannot read image {path}: {err} (pass "
                                  "--skip-bad-images to skip unreadable files)") from None
+            request.bad_files.append(f"{path}: {err}")
     if len(kept) < len(paths):
         request.log(f"{name}: skipped {len(paths) - len(kept)} unreadable image(s) of "
                     f"{len(paths)}")
@@ -100,31 +103,50 @@ def load_folders(request: LoadRequest, name: str, domains: dict[str, str],
 
 
 def _register(name: str, folder: str, domains: dict[str, str], description: str,
-              key: Callable[[str], str] | None = None) -> None:
+              key: Callable[[str], str] | None = None, source: DataSource | None = None,
+              expected: tuple[int, ...] | None = None) -> None:
     def load(request: LoadRequest) -> MultiDomainDataset:
         return load_folders(request, name, domains, key)
 
     DATASETS.register(name)(
         DatasetSpec(name, tuple(domains), PAPER_DEFAULTS, load, description, needs_root=True,
-                    folder=folder)
+                    folder=folder, source=source, expected=expected)
     )
 
 
-def _domainbed(name: str, folder: str, domains: tuple[str, ...], description: str) -> None:
+def _domainbed(name: str, folder: str, domains: tuple[str, ...], description: str,
+               source: DataSource, expected: tuple[int, ...] | None = None) -> None:
     """A dataset in DomainBed's layout ``ROOT/<folder>/<domain>/<class>/``."""
-    _register(name, folder, {d: f"{folder}/{d}" for d in domains}, description)
+    _register(name, folder, {d: f"{folder}/{d}" for d in domains}, description,
+              source=source, expected=expected)
 
 
+# Sources and counts: DomainBed's downloads (Google Drive files; their archives' checksums are
+# not published, so the per-domain image counts are what verifies them).
 _domainbed("pacs", "PACS", ("art_painting", "cartoon", "photo", "sketch"),
-           "PACS, 7 classes, 4 domains (DomainBed layout; needs --data-root)")
+           "PACS, 7 classes, 4 domains (DomainBed layout; needs --data-root)",
+           DataSource((Archive(drive_url("1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd"), "PACS.zip"),),
+                      renames=(("kfold", "PACS"),)),
+           (2048, 2344, 1670, 3929))
 _domainbed("vlcs", "VLCS", ("Caltech101", "LabelMe", "SUN09", "VOC2007"),
-           "VLCS, 5 classes, 4 domains (DomainBed layout; needs --data-root)")
+           "VLCS, 5 classes, 4 domains (DomainBed layout; needs --data-root)",
+           DataSource((Archive(drive_url("1skwblH1_okBwxWxmRsp9_qi15hyPpxg8"), "VLCS.tar.gz"),)),
+           (1415, 2656, 3282, 3376))
 _domainbed("officehome", "office_home", ("Art", "Clipart", "Product", "Real World"),
-           "OfficeHome, 65 classes, 4 domains (DomainBed layout; needs --data-root)")
+           "OfficeHome, 65 classes, 4 domains (DomainBed layout; needs --data-root)",
+           DataSource((Archive(drive_url("1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC"),
+                               "office_home.zip"),),
+                      renames=(("OfficeHomeDataset_10072016", "office_home"),)),
+           (2427, 4365, 4439, 4357))
+_DOMAINNET_URL = "http://csr.bu.edu/ftp/visda/2019/multi-source/"
 _domainbed("domainnet", "domain_net",
            ("clipart", "infograph", "painting", "quickdraw", "real", "sketch"),
            "DomainNet, 345 classes, 6 domains (DomainBed layout; needs --data-root; decoded "
-           "into memory: ~0.6 M images, use a small --image-size or a large machine)")
+           "into memory: ~0.6 M images, use a small --image-size or a large machine)",
+           DataSource(tuple(Archive(f"{_DOMAINNET_URL}{sub}{d}.zip", f"{d}.zip") for d, sub in (
+               ("clipart", "groundtruth/"), ("infograph", ""), ("painting", "groundtruth/"),
+               ("quickdraw", ""), ("real", ""), ("sketch", ""))), into="domain_net",
+               note="DomainBed's list of duplicate images is not removed"))
 
 OFFICE_CALTECH_ALIASES = {"back_pack": "backpack", "laptop_computer": "laptop"}
 

@@ -15,12 +15,14 @@ import numpy as np
 from raydg.datasets import (
     DATASETS,
     DatasetSpec,
+    DataSource,
     Domain,
     LoadRequest,
     MultiDomainDataset,
     TrainDefaults,
 )
 from raydg.datasets.digits import ROTATIONS
+from raydg.download import Archive
 from raydg.errors import RaydgError
 
 # CSAC §4.1 "Implementation details": "SGD optimizer with learning rate 0.01 and momentum 0.5 for
@@ -139,6 +141,11 @@ DATASETS.register("rotmnist")(
         "Rotated MNIST (CSAC §4.1): 100 images/class, 6 rotation domains M0-M75; needs "
         "--data-root with the MNIST idx files in MNIST/raw/ (train-images-idx3-ubyte, "
         "train-labels-idx1-ubyte, plain or .gz)",
-        needs_root=True, folder="MNIST",
+        needs_root=True, folder="MNIST", expected=(1000,) * len(ROTATIONS),
+        source=DataSource(tuple(  # torchvision's mirror and checksums
+            Archive(f"https://ossci-datasets.s3.amazonaws.com/mnist/{f}", f, md5=md5)
+            for f, md5 in (("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),
+                           ("train-labels-idx1-ubyte.gz", "d53e105ee54ea40749a09fcbcd1e9432"))),
+            into="MNIST/raw", extract=False),
     )
 )
