@@ -1,4 +1,4 @@
-"""Command line: ``raydg run``, ``raydg list``.
+"""Command line: ``raydg run``, ``raydg data download|check``, ``raydg list``.
 
 Precedence of settings: built-in defaults < dataset defaults < ``--config`` YAML
 < command-line options < ``--set``.
@@ -7,12 +7,14 @@ Bad input prints one ``raydg: error: ...`` line and exits with code 2.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import click
 
 from raydg import config as config_mod
-from raydg.datasets import DATASETS
+from raydg.datasets import DATA_ROOT_ENV, DATASETS
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
 
@@ -88,6 +90,49 @@ def run(dataset: str | None, config_file: str | None, sets: tuple[str, ...], see
     cfg = config_mod.apply(cfg, given)
     cfg = config_mod.apply(cfg, config_mod.parse_sets(sets))
     run_experiment(cfg, out=click.echo)
+
+
+@cli.group()
+def data() -> None:
+    """Download and check the datasets that live under a data root."""
+
+
+def _root(data_root: str | None) -> Path:
+    root = data_root or os.environ.get(DATA_ROOT_ENV)
+    if not root:
+        raise RaydgError(f"pass --data-root DIR or set {DATA_ROOT_ENV}")
+    return Path(root).expanduser()
+
+
+@data.command("download")
+@click.argument("name")
+@click.option("--data-root", help="Root folder of the datasets (or RAYDG_DATA_ROOT).")
+def data_download(name: str, data_root: str | None) -> None:
+    """Fetch NAME from its canonical source (resumable), verify, extract and check it."""
+    from raydg.datasets.manage import download
+
+    download(name, _root(data_root), click.echo)
+    click.echo(f"{name}: ready under {_root(data_root)}")
+
+
+@data.command("check")
+@click.argument("name")
+@click.option("--data-root", help="Root folder of the datasets (or RAYDG_DATA_ROOT).")
+@click.pass_context
+def data_check(ctx: click.Context, name: str, data_root: str | None) -> None:
+    """Verify an existing copy of NAME: layout, every image readable, per-domain counts.
+    Exits with 1 and lists every problem if anything is wrong."""
+    from raydg.datasets.manage import check
+
+    root = _root(data_root)
+    if not root.is_dir():
+        raise RaydgError(f"data root {str(root)!r} does not exist")
+    problems = check(name, root, click.echo)
+    for p in problems:
+        click.echo(f"problem: {p}", err=True)
+    if problems:
+        ctx.exit(1)
+    click.echo(f"{name}: OK")
 
 
 @cli.command("list")

@@ -82,7 +82,8 @@ class LoadRequest:
     image_size: int
     skip_bad: bool = False  # skip unreadable images (and report how many) instead of failing
     log: Callable[[str], None] = print
-    bad_files: list[str] = field(default_factory=list)  # filled with what was skipped, and why
+    # filled with what was skipped: ("<dataset>/<domain>", "<file>: <why>")
+    bad_files: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ def read_image(path: Path, size: int) -> np.ndarray:
 
 def read_images(paths: list[Path], request: LoadRequest, name: str) -> tuple[np.ndarray,
                                                                                list[int]]:
-    """Decode and resize every file; return the images and the indices of the files read.
+    """Decode and resize every file of domain ``name`` (``<dataset>/<domain>``); return the
+    images and the indices of the files read.
 
     An unreadable file is an error naming it, or with ``request.skip_bad`` skipped and counted.
     """
@@ -55,7 +56,7 @@ def read_images(paths: list[Path], request: LoadRequest, name: str) -> tuple[np.
             if not request.skip_bad:
                 raise RaydgError(f"{name}: cannot read image {path}: {err} (pass "
                                  "--skip-bad-images to skip unreadable files)") from None
-            request.bad_files.append(f"{path}: {err}")
+            request.bad_files.append((name, f"{path}: {err}"))
     if len(kept) < len(paths):
         request.log(f"{name}: skipped {len(paths) - len(kept)} unreadable image(s) of "
                     f"{len(paths)}")
