@@ -1,0 +1,118 @@
+"""Every file in configs/ loads, resolves (no data needed) and starts with a comment.
+
+A config named ``<paper>-<dataset>.yaml`` after one of the method papers must also start with a
+comment block naming that paper and a table or figure, run that dataset and that paper's
+method, and rely on the method defaults that stand for the paper's values (pinned below, so a
+changed default cannot silently change a reproduction). The embedded-benchmark configs
+(digits-*.yaml, fedfd-digits-style.yaml) are not paper reproductions and only need a comment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from raydg.config import RunConfig, apply, load_yaml, resolve
+from raydg.datasets import DATASETS
+from raydg.methods import method_class
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+FILES = sorted(CONFIGS.glob("*.yaml"))
+
+# file-name prefix -> (how the header names the paper, the methods a config may run)
+PAPERS = {
+    "fedfd-a": ("FedFD-A", {"fedfd-a"}),
+    "fedig-a": ("FedIG-A", {"fedfd-a"}),  # fedig-a is an alias of fedfd-a
+    "gperxan": ("gPerXAN", {"gperxan"}),
+    "csac": ("CSAC", {"csac"}),
+    "ccst": ("CCST", {"ccst"}),
+}
+TABLE = re.compile(r"\b(Table \d+|Fig\. \d+)")
+HEADER_LINES = 6
+
+# resolved options that stand for the paper's values (see each config's comment block)
+PINNED = {
+    "fedfd-a": {"lambda1": 0.1, "lambda2": 4.0, "u_low": 0.0, "u_high": 1.0, "base": "silobn",
+                "objective": "fedfd-a", "adapter_alpha": "scalar"},
+    "fedig-a": {"lambda1": 0.1, "lambda2": 4.0, "u_low": 0.0, "u_high": 1.0, "base": "silobn",
+                "objective": "fedig"},
+    "gperxan": {"lambda_reg": 0.5, "norm": "xan"},
+    "csac": {"lambda_cal": 0.6, "label_smoothing": 0.1, "distance": "l2"},
+    "ccst": {"k": 3, "style": "overall"},
+}
+
+
+def paper_of(path: Path) -> tuple[str, str] | None:
+    """(paper key, rest of the name) for ``<paper>-<rest>.yaml``, else None."""
+    for key in sorted(PAPERS, key=len, reverse=True):
+        if path.stem.startswith(f"{key}-"):
+            return key, path.stem[len(key) + 1:]
+    return None
+
+
+def header(path: Path) -> str:
+    """The leading comment block (at most HEADER_LINES lines)."""
+    lines = []
+    for line in path.read_text().splitlines()[:HEADER_LINES]:
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# "))
+    return " ".join(lines)
+
+
+def loaded(path: Path) -> RunConfig:
+    return resolve(apply(RunConfig(), load_yaml(path)))
+
+
+def test_there_are_paper_configs():
+    found = {p[0] for p in map(paper_of, FILES) if p}
+    assert found == set(PAPERS)
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_config_loads_and_resolves(path: Path):
+    cfg = loaded(path)  # resolve validates dataset, method, options and values
+    assert cfg.dataset in DATASETS.names()
+    assert cfg.rounds > 0 and cfg.local_steps > 0 and cfg.lr > 0
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.name)
+def test_config_starts_with_a_comment(path: Path):
+    assert header(path), f"{path.name} must start with a comment saying what it runs"
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if paper_of(p)], ids=lambda p: p.name)
+def test_paper_config_matches_its_name_and_paper(path: Path):
+    key, rest = paper_of(path)
+    paper, methods = PAPERS[key]
+    text = header(path)
+    assert paper in text, f"{path.name}: the first lines must name {paper}"
+    assert TABLE.search(text), f"{path.name}: the first lines must name a table or figure"
+    raw = load_yaml(path)
+    assert "method" in raw and "dataset" in raw, f"{path.name} must set dataset and method"
+    cfg = loaded(path)
+    assert cfg.method in methods or cfg.augment in methods, (
+        f"{path.name} runs {cfg.label}, not {paper}'s method ({', '.join(sorted(methods))})")
+    if rest in DATASETS.names():
+        assert cfg.dataset == rest, f"{path.name} runs dataset {cfg.dataset}, not {rest}"
+    options = dataclasses.asdict(method_class(cfg.method, cfg.augment).parse_options(
+        cfg.options))
+    for name, value in PINNED[key].items():
+        assert options[name] == value, f"{path.name}: options.{name}"
+
+
+def on_paper_data(path: Path) -> bool:
+    """A paper config on the paper's own data (not an embedded stand-in such as digits-rot)."""
+    return bool(paper_of(path)) and DATASETS.get(load_yaml(path)["dataset"]).needs_root
+
+
+@pytest.mark.parametrize("path", [p for p in FILES if on_paper_data(p)], ids=lambda p: p.name)
+def test_paper_config_sets_its_training_protocol(path: Path):
+    """A reproduction states its protocol instead of inheriting dataset or raydg defaults."""
+    raw = load_yaml(path)
+    for key in ("seeds", "rounds", "local_steps", "lr", "momentum", "batch_size",
+                "val_fraction", "model"):
+        assert key in raw, f"{path.name} must set {key}"
