@@ -17,6 +17,7 @@ from raydg import config as config_mod
 from raydg.datasets import DATA_ROOT_ENV, DATASETS
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
+from raydg.transforms import TRANSFORMS
 
 
 class Cli(click.Group):
@@ -55,7 +56,7 @@ def cli() -> None:
 @click.option("--cpus-per-actor", type=float, help="CPUs per client actor (default 1).")
 @click.option("--gpus-per-actor", type=float, help="GPUs per client actor, fractional (e.g. 0.25).")
 @click.option("--data-root", help="Root folder of image datasets (or RAYDG_DATA_ROOT).")
-@click.option("--train-transform", type=click.Choice(["none", "flip", "crop-flip", "domainbed"]),
+@click.option("--train-transform", type=click.Choice(list(TRANSFORMS)),
               help="Training augmentation per image (default none; domainbed = DomainBed's).")
 @click.option("--skip-bad-images", is_flag=True, default=None,
               help="Skip (and count) unreadable images instead of stopping.")

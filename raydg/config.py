@@ -50,7 +50,7 @@ class RunConfig:
     pretrained: bool | None = None  # ImageNet weights; None: the dataset's default
     weights: str | None = None  # a state-dict file to start from instead of torchvision's
     image_size: int | None = None
-    train_transform: str = "none"  # none | flip | crop-flip | domainbed (raydg.transforms)
+    train_transform: str = "none"  # none | flip | flip-jitter | crop-flip | domainbed
     data_root: str | None = None
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of failing
     cache: bool = True  # decode image files once into cache_dir, memory-map them afterwards

@@ -2,9 +2,11 @@
 
 ``domainbed`` is DomainBed's training augmentation: random resized crop back to the image size
 (scale 0.7-1), horizontal flip, colour jitter 0.3 (brightness, contrast, saturation, hue) and
-random grayscale (p = 0.1). ``crop-flip`` keeps the crop and the flip, ``flip`` only the flip,
-``none`` (the default) leaves images as they are. Randomness comes from torch's global
-generator, which the client seeds per (seed, client, round), so runs are reproducible.
+random grayscale (p = 0.1). ``flip-jitter`` is gPerXAN's "random horizontal flipping and color
+jittering" (§4; the strength is not given, DomainBed's 0.3 is used), ``crop-flip`` keeps the
+crop and the flip, ``flip`` only the flip, ``none`` (the default) leaves images as they are.
+Randomness comes from torch's global generator, which the client seeds per (seed, client,
+round), so runs are reproducible.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-TRANSFORMS = ("none", "flip", "crop-flip", "domainbed")
+TRANSFORMS = ("none", "flip", "flip-jitter", "crop-flip", "domainbed")
 
 
 def make_transform(name: str, size: int) -> Callable[[Tensor], Tensor] | None:
@@ -27,8 +29,10 @@ def make_transform(name: str, size: int) -> Callable[[Tensor], Tensor] | None:
     if name in ("crop-flip", "domainbed"):
         steps.append(v2.RandomResizedCrop(size, scale=(0.7, 1.0), antialias=True))
     steps.append(v2.RandomHorizontalFlip())
+    if name in ("flip-jitter", "domainbed"):
+        steps.append(v2.ColorJitter(0.3, 0.3, 0.3, 0.3))
     if name == "domainbed":
-        steps += [v2.ColorJitter(0.3, 0.3, 0.3, 0.3), v2.RandomGrayscale(0.1)]
+        steps.append(v2.RandomGrayscale(0.1))
     return v2.Compose(steps)
 
 

@@ -28,7 +28,7 @@ def test_none_is_the_identity_and_flip_only_mirrors():
     assert any(flipped) and any(kept)  # p = 0.5 over 8 images
 
 
-@pytest.mark.parametrize("name", ["crop-flip", "domainbed"])
+@pytest.mark.parametrize("name", ["flip-jitter", "crop-flip", "domainbed"])
 def test_cropping_pipelines_keep_the_shape_and_are_seeded(name):
     x = _batch()
     t = make_transform(name, 12)
