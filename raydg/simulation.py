@@ -39,6 +39,8 @@ class SimulationResult:
     selected_round: int
     selected: dict[str, float]  # target accuracy per inference mode at the selected round
     last: dict[str, float]  # ... and at the last round
+    oracle: dict[str, float]  # ... the best over rounds (target-domain selection: optimistic)
+    oracle_round: dict[str, int]  # the round of that best, per mode
     global_state: st.State
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     plots: dict[str, tuple[str, ...]] = field(default_factory=dict)  # table -> plot spec
@@ -202,6 +204,9 @@ class Simulation:
             selected_round=int(best["round"]),
             selected={m.split("/", 1)[1]: best[m] for m in modes},
             last={m.split("/", 1)[1]: history[-1][m] for m in modes},
+            oracle={m.split("/", 1)[1]: max(r[m] for r in history) for m in modes},
+            oracle_round={m.split("/", 1)[1]: int(max(history, key=lambda r, m=m: (
+                r[m], -r["round"]))["round"]) for m in modes},
             global_state=self.global_state, tables=tables,
             plots=dict(self.method.plots),
         )

@@ -81,6 +81,7 @@ class Tracker:
         for mode in result.selected:
             metrics[f"final/target_acc_selected/{mode}"] = result.selected[mode]
             metrics[f"final/target_acc_last/{mode}"] = result.last[mode]
+            metrics[f"final/target_acc_oracle/{mode}"] = result.oracle[mode]
         self.mlflow.log_metrics(metrics)
         self.log_tables({"history": result.history, **result.tables}, plots=result.plots)
 

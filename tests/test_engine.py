@@ -95,6 +95,9 @@ def test_selected_round_has_best_mean_source_validation():
     assert result.selected_round == 1 + int(np.argmax(vals))
     assert result.selected["global"] == result.history[result.selected_round - 1]["target_acc"]
     assert result.last["global"] == result.history[-1]["target_acc"]
+    targets = [r["target_acc"] for r in result.history]
+    assert result.oracle["global"] == max(targets)
+    assert result.oracle_round["global"] == 1 + int(np.argmax(targets))
 
 
 def test_balanced_groups_is_lpt():
