@@ -49,6 +49,7 @@ def cli() -> None:
 @click.option("--batch-size", type=int, help="Local batch size.")
 @click.option("--seed", "seeds", type=int, multiple=True, help="Seed; repeat for several runs.")
 @click.option("--model", help="Backbone: cnn, resnet18, resnet50.")
+@click.option("--image-size", type=int, help="Side of the (square) images fed to the model.")
 @click.option("--pretrained/--no-pretrained", default=None,
               help="Start the ResNet from ImageNet weights (default: the dataset's protocol).")
 @click.option("--weights", help="State-dict file (torchvision format) to start the backbone from.")

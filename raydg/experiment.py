@@ -9,9 +9,10 @@ from typing import Any
 
 import ray
 
-from raydg.config import RunConfig, resolve, targets
+from raydg.config import RunConfig, init_weights, resolve, targets
 from raydg.datasets import load_dataset
 from raydg.datasets.cache import cache_root
+from raydg.models import ModelSpec, build_model
 from raydg.partition import plan_clients
 from raydg.results import format_summary, long_rows, summary_rows
 from raydg.simulation import Simulation, SimulationResult
@@ -69,6 +70,9 @@ def run_experiment(cfg: RunConfig, out: Callable[[str], None] = print) -> Experi
     for target in held_out:  # refuse an impossible partition before anything starts
         for seed in cfg.seeds:
             plan_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed)
+    if init_weights(cfg) is not None:  # ... and missing pretrained weights (fetched once here)
+        build_model(ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size,
+                              init_weights(cfg)))
     progress = Progress(len(held_out) * len(cfg.seeds) * cfg.rounds, out)
     runs: list[SimulationResult] = []
     with ray_session(cfg), Tracker(cfg) as tracker:
