@@ -20,6 +20,10 @@ def _saved_resnet18(path) -> dict:
     return state
 
 
+def _offline(*_args, **_kwargs):
+    raise urllib.error.URLError("network is unreachable")
+
+
 def test_weights_file_initialises_the_backbone(tmp_path):
     state = _saved_resnet18(tmp_path / "r18.pth")
     model = build_model(ModelSpec("resnet18", 3, 7, 32, weights=str(tmp_path / "r18.pth")))
@@ -52,10 +56,7 @@ def test_imagenet_weights_come_from_torch_cache_or_fail_clearly(tmp_path, monkey
     cache = tmp_path / "hub" / "checkpoints"
     cache.mkdir(parents=True)
 
-    def offline(*_args, **_kwargs):
-        raise urllib.error.URLError("network is unreachable")
-
-    monkeypatch.setattr(torch.hub, "urlopen", offline)
+    monkeypatch.setattr(torch.hub, "urlopen", _offline)
     with pytest.raises(RaydgError, match=r"--weights FILE or --no-pretrained"):
         build_model(ModelSpec("resnet18", 3, 7, 32, weights="imagenet"))
     state = _saved_resnet18(cache / "resnet18-f37072fd.pth")
@@ -75,3 +76,25 @@ def test_pretrained_follows_the_dataset_and_the_model():
         resolve(RunConfig(dataset="digits-style", pretrained=True))
     with pytest.raises(RaydgError, match="contradict"):
         resolve(RunConfig(dataset="pacs", pretrained=False, weights="w.pth"))
+
+
+def test_a_run_without_weights_stops_before_ray_starts(tmp_path, monkeypatch):
+    import ray
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from raydg.cli import cli
+
+    for d in ("art_painting", "cartoon", "photo", "sketch"):
+        for c in ("dog", "horse"):
+            (tmp_path / "PACS" / d / c).mkdir(parents=True)
+            for i in range(6):
+                Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(tmp_path / f"PACS/{d}/{c}/{i}.png")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(torch.hub, "urlopen", _offline)
+    result = CliRunner().invoke(cli, ["run", "pacs", "--data-root", str(tmp_path), "--no-cache",
+                                      "--image-size", "16", "--tracking-uri",
+                                      f"sqlite:///{tmp_path}/m.db"])
+    assert result.exit_code == 2
+    assert "raydg: error: ImageNet weights of resnet18" in result.output
+    assert not ray.is_initialized()
