@@ -57,14 +57,14 @@ def divergence_weights(tensors: list[np.ndarray], distance: str = "l2") -> np.nd
     the weights are equal.
     """
     g = np.stack([t.astype(np.float64).ravel() for t in tensors])
-    diff = g - g.mean(axis=0)  # Eq. (3)
+    avg = g.mean(axis=0)  # Eq. (3)
+    diff = g - avg
     h = len(tensors)
     if distance == "equal":
         return np.full(h, 1.0 / h)
     if distance == "l1":
         d = np.abs(diff).sum(axis=1)
     elif distance == "cosine":
-        avg = g.mean(axis=0)
         norms = np.linalg.norm(g, axis=1) * np.linalg.norm(avg)
         d = np.where(norms > 0, 1.0 - (g @ avg) / np.where(norms > 0, norms, 1.0), 0.0)
         d = np.maximum(d, 0.0)
@@ -82,12 +82,10 @@ def semantic_aggregate(states: list[st.State], distance: str) -> tuple[st.State,
     fused: st.State = {}
     weights: dict[str, np.ndarray] = {}
     for key, first in states[0].items():
-        floating = np.issubdtype(first.dtype, np.floating)
-        w = divergence_weights([s[key] for s in states], distance) if floating else None
-        if w is not None:
-            weights[key] = w
-        fused.update(st.weighted_average(states, w if w is not None else [1.0] * len(states),
-                                         [key]))
+        if np.issubdtype(first.dtype, np.floating):
+            weights[key] = divergence_weights([s[key] for s in states], distance)
+        w = weights.get(key, [1.0] * len(states))
+        fused.update(st.weighted_average(states, w, [key]))
     return fused, weights
 
 
