@@ -191,7 +191,7 @@ def test_cross_layer_term_is_live_with_gradients_to_m_and_both_projections():
     plain[1].start_round(ctx)
     x, y = next(ctx.batches())
     assert float(plain[1].loss(ctx, x, y).detach()) == pytest.approx(
-        float(F.cross_entropy(ctx.model(x), y)), rel=1e-6)
+        float(F.cross_entropy(ctx.model(x), y).detach()), rel=1e-6)
 
 
 def test_label_smoothing_is_eq_2():
