@@ -140,7 +140,7 @@ class StyleTransfer:
         self.coder, self.device, self.size = coder, device, size
 
     def _features(self, images: np.ndarray) -> Tensor:
-        x = torch.from_numpy(images).to(self.device, torch.float32) / 255.0
+        x = torch.from_numpy(images.astype(np.float32) / 255.0).to(self.device)
         if self.size is not None and x.shape[-1] != self.size:
             x = F.interpolate(x, size=(self.size, self.size), mode="bilinear",
                               align_corners=False)
