@@ -69,13 +69,15 @@ class Runtime:
         return f"{socket.gethostname()} ({self.device})"
 
     def inputs(self, x: np.ndarray) -> torch.Tensor:
-        return to_inputs(x, self.mean, self.std).to(self.device, non_blocking=True)
+        return to_inputs(x, self.mean, self.std, self.device)
 
     def train_inputs(self, x: np.ndarray) -> torch.Tensor:
-        """``inputs`` of a training batch, after the configured per-image augmentation."""
+        """``inputs`` of a training batch, after the configured per-image augmentation (run on
+        the actor's device, on the uint8 images)."""
         if self.transform is None:
             return self.inputs(x)
-        return self.inputs(augment_batch(torch.from_numpy(np.asarray(x)), self.transform).numpy())
+        images = torch.from_numpy(np.array(x, dtype=np.uint8)).to(self.device)
+        return to_inputs(augment_batch(images, self.transform), self.mean, self.std)
 
     @torch.no_grad()
     def accuracy(self, model: nn.Module, x: np.ndarray, y: np.ndarray, mode: str) -> float:
