@@ -186,3 +186,30 @@ def test_augment_ccst_runs_with_fedbn_on_ray(ray_session):
     assert {(0, "style_vectors"), (0, "style_bank"), (1, "parameters")} <= kinds
     bn = {k for k in result.global_state if "running_mean" in k}
     assert bn and bn <= sim.local_keys  # FedBN's local statistics are still in place
+
+
+class _Counts(METHODS.get("fedavg")):
+    """A base method with a client phase of its own, to compose CCST with."""
+
+    name = "counts"
+
+    def client_phase(self, phase, ctx, payload):
+        return ctx.data.num_train if phase == "count" else super().client_phase(
+            phase, ctx, payload)
+
+
+def test_the_base_methods_own_phases_see_the_augmented_data():
+    cfg = tiny_config(method="ccst", local_steps=1, options={"k": 2})
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)
+    ccst = METHODS.get("ccst")
+    composed = type("CountsCCST", (ccst, _Counts), {"name": "counts+ccst"})
+    method = composed(ccst.parse_options(cfg.options))
+    spec = ModelSpec(cfg.model, 3, 10, cfg.image_size)
+    host = ClientHost(method, cfg, spec, data.mean, data.std, clients)
+    global_state = state.to_numpy(method.build_model(spec))
+    assert host.phase("count", 0, None, global_state, 0) == clients[0].num_train
+    bank = {c.client_id: host.phase("style", c.client_id, None, global_state, 0)
+            for c in clients}
+    host.phase("augment", 0, bank, global_state, 0)
+    assert host.phase("count", 0, None, global_state, 0) == 2 * clients[0].num_train

@@ -228,7 +228,10 @@ class CCST(Method):
         return StyleTransfer(coder, ctx.device, o.vgg_size)
 
     def client_phase(self, phase: str, ctx: ClientContext, payload: Any) -> Any:
+        """``style`` and ``augment`` (Algorithm 1); the base method's own phases (e.g. CSAC's
+        acquisition) see the augmented training set, as its local training does."""
         if phase not in ("style", "augment"):
+            ctx.data = ctx.memory.get("ccst_data", ctx.data)
             return super().client_phase(phase, ctx, payload)
         rng = np.random.default_rng(int(torch.randint(2**31, (1,), generator=ctx.generator)))
         transfer = self._transfer(ctx)
