@@ -42,6 +42,8 @@ def check(name: str, root: Path, log: Log = print) -> list[str]:
 def download(name: str, root: Path, log: Log = print) -> None:
     """Fetch, extract and arrange ``name`` under ``root``, then check it."""
     spec = DATASETS.get(name)
+    if not spec.needs_root:
+        raise RaydgError(f"{spec.name} is embedded in raydg: there is nothing to download")
     if spec.source is None:
         raise RaydgError(f"{spec.name}: no public download is registered; {spec.description}")
     source, downloads = spec.source, root / ".downloads"
