@@ -21,10 +21,10 @@ TRANSFORMS = ("none", "flip", "flip-jitter", "crop-flip", "domainbed")
 
 def make_transform(name: str, size: int) -> Callable[[Tensor], Tensor] | None:
     """A per-image transform of uint8 ``(C, H, W)`` tensors, or None for ``none``."""
-    from torchvision.transforms import v2
-
     if name == "none":
         return None
+    from torchvision.transforms import v2  # ~1 s to import: only when a transform is used
+
     steps: list = []
     if name in ("crop-flip", "domainbed"):
         steps.append(v2.RandomResizedCrop(size, scale=(0.7, 1.0), antialias=True))
