@@ -145,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             perm = torch.randperm(n, generator=g).numpy()
             for i in range(0, n, bs):
                 idx = perm[i:i + bs]
-                xb = x[idx]
+                xb = torch.from_numpy(x[idx])
                 if transform is not None:
-                    xb = augment_batch(torch.from_numpy(xb), transform).numpy()
+                    xb = augment_batch(xb, transform)
                 yield to_inputs(xb, data.mean, data.std), torch.from_numpy(y[idx])
 
         epochs: dict[str, list[float]] = {}

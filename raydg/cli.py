@@ -113,8 +113,9 @@ def data_download(name: str, data_root: str | None) -> None:
     """Fetch NAME from its canonical source (resumable), verify, extract and check it."""
     from raydg.datasets.manage import download
 
-    download(name, _root(data_root), click.echo)
-    click.echo(f"{name}: ready under {_root(data_root)}")
+    root = _root(data_root)
+    download(name, root, click.echo)
+    click.echo(f"{name}: ready under {root}")
 
 
 @data.command("check")

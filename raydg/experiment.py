@@ -70,9 +70,10 @@ def run_experiment(cfg: RunConfig, out: Callable[[str], None] = print) -> Experi
     for target in held_out:  # refuse an impossible partition before anything starts
         for seed in cfg.seeds:
             plan_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed)
-    if init_weights(cfg) is not None:  # ... and missing pretrained weights (fetched once here)
+    weights = init_weights(cfg)
+    if weights is not None:  # ... and missing pretrained weights (fetched once here)
         build_model(ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size,
-                              init_weights(cfg)))
+                              weights))
     progress = Progress(len(held_out) * len(cfg.seeds) * cfg.rounds, out)
     runs: list[SimulationResult] = []
     with ray_session(cfg), Tracker(cfg) as tracker:
