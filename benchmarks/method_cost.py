@@ -20,9 +20,10 @@ import time
 import torch
 
 from raydg import state
-from raydg.config import RunConfig, resolve
+from raydg.config import RunConfig
 from raydg.methods import METHODS, ClientContext
 from raydg.models import ModelSpec
+from raydg.plan import resolve
 
 
 def seconds(fn, iters: int, warmup: int = 2) -> float:

@@ -38,11 +38,12 @@ import torch
 from raydg import seeding
 from raydg import state as st
 from raydg.client import ClientHost, Evaluator
-from raydg.config import RunConfig, clients_per_round, resolve
+from raydg.config import RunConfig, clients_per_round
 from raydg.datasets import MultiDomainDataset, load_dataset
 from raydg.methods import METHODS
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
+from raydg.plan import resolve
 from raydg.simulation import Simulation
 
 OVERHEAD_TARGET = 0.05

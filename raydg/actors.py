@@ -8,17 +8,23 @@ runs out of its own clients takes a waiting client from the busiest actor, and t
 with its persistent state while its new actor maps the same shard, so nothing is re-loaded.
 Results never depend on placement: every client's randomness is its own and aggregation runs
 in client-id order.
+
+Inside a Tune trial (:mod:`raydg.runner`) the n client actors take the last n bundles of the
+trial's placement group, one each, so a federation holds exactly what its trial reserved and never
+starves another; outside a trial (tests, benchmarks) actors are placed freely.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+import statistics
+from collections import Counter, deque
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raydg.client import ClientHost, Evaluator
+from raydg.client import ClientHost
 from raydg.config import RunConfig
 from raydg.methods import Method, Upload
 from raydg.models import ModelSpec
@@ -46,11 +52,30 @@ def actor_capacity(cfg: RunConfig) -> int:
     return max(1, cap)
 
 
-def start_evaluator(method: Method, cfg: RunConfig, spec: ModelSpec, mean: tuple[float, ...],
-                    std: tuple[float, ...], x: Any, y: Any) -> Any:
-    """The target-domain evaluator actor (no CPU reserved: evaluation is short)."""
-    actor = ray.remote(Evaluator).options(num_cpus=0, num_gpus=cfg.gpus_per_actor)
-    return actor.remote(method, cfg, spec, mean, std, x, y)
+def in_bundle(i: int, n: int) -> dict[str, Any]:
+    """Ray options that put client actor ``i`` of ``n`` into its bundle of the current trial's
+    placement group, whose last ``n`` bundles are the client actors'; none outside a trial."""
+    group = ray.util.get_current_placement_group()
+    if group is None:
+        return {}
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+        group, placement_group_bundle_index=len(group.bundle_specs) - n + i)}
+
+
+def describe_placement(rows: list[dict[str, Any]], cfg: RunConfig) -> str:
+    """One line for the rows of :meth:`ClientPool.placement`: actors per node, clients per actor
+    (min / median / max)."""
+    actors = [r for r in rows if r["role"] == "client"]
+    per_node = Counter(r["node"][:8] for r in actors)
+    nodes = ", ".join(f"{n}: {c}" for n, c in sorted(per_node.items()))
+    sizes = [r["clients"] for r in actors]
+    driver = next((r["node"][:8] for r in rows if r["role"] == "driver"), "?")
+    plural = "s" * (len(actors) > 1)
+    return (f"placement: {sum(sizes)} clients on {len(actors)} actor{plural} "
+            f"({cfg.cpus_per_actor:g} CPU, {cfg.gpus_per_actor:g} GPU each; "
+            f"{actors[0]['device']}), actors per node {{{nodes}}}, clients per actor "
+            f"{min(sizes)}/{statistics.median(sizes):g}/{max(sizes)} (min/median/max); "
+            f"driver on node {driver}")
 
 
 IN_FLIGHT = 1  # trainings queued per actor: the rest stay free to be stolen
@@ -66,9 +91,11 @@ class ClientPool:
         n_actors = cfg.actors or min(len(clients), actor_capacity(cfg))
         self.sizes = {c.client_id: c.num_train for c in clients}
         groups = balanced_groups(self.sizes, min(n_actors, len(clients)))
-        host = ray.remote(concurrency_groups={STATE: 1})(ClientHost).options(
-            num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor)
-        self.actors = [host.remote(method, cfg, spec, mean, std, []) for _ in groups]
+        host = ray.remote(concurrency_groups={STATE: 1})(ClientHost)
+        self.actors = [host.options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
+                                    **in_bundle(i, len(groups))).remote(method, cfg, spec, mean,
+                                                                        std, [])
+                       for i in range(len(groups))]
         self.shards = {c.client_id: ray.put(c) for c in clients}
         self.home: dict[int, int] = {}
         self.moved = 0  # clients that changed actor in the last round
@@ -89,15 +116,15 @@ class ClientPool:
         ray.get(self._adopt(cid, actor, old.release.options(concurrency_group=STATE).remote(cid)))
         self.moved += 1
 
-    def describe(self) -> str:
-        hosts = ray.get([a.where.remote() for a in self.actors])
-        res = f"{self.cfg.cpus_per_actor:g} CPU, {self.cfg.gpus_per_actor:g} GPU each"
-        lines = [f"placement: {len(self.sizes)} clients on {len(self.actors)} actors ({res})"]
-        for i, h in enumerate(hosts):
+    def placement(self) -> list[dict[str, Any]]:
+        """One row per actor: where it runs (node, host, pid, device) and whom it hosts."""
+        rows = []
+        for i, where in enumerate(ray.get([a.where.remote() for a in self.actors])):
             g = sorted(c for c, a in self.home.items() if a == i)
-            n = sum(self.sizes[c] for c in g)
-            lines.append(f"  actor {i} on {h}: clients {g} ({n} training samples)")
-        return "\n".join(lines)
+            rows.append({"role": "client", "actor": i, **where, "clients": len(g),
+                         "client_ids": ",".join(map(str, g)),
+                         "train_samples": sum(self.sizes[c] for c in g)})
+        return rows
 
     def train(self, cids: list[int], global_ref: Any, rnd: int) -> list[Upload]:
         """Train the given clients; results are gathered as they finish, returned in id order.

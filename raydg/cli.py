@@ -35,63 +35,107 @@ def cli() -> None:
     """raydg: parallel simulation of federated domain generalization on Ray."""
 
 
-@cli.command()
-@click.argument("dataset", required=False)
-@click.option("--method", "-m", help="Method name (raydg list methods).")
-@click.option("--augment", help="Add an augmentation method to any method, e.g. ccst.")
-@click.option("--target", help="Held-out domain, or 'all' (default): one run per domain.")
-@click.option("--clients", type=int, help="Split the source domains into N clients.")
-@click.option("--dirichlet", type=float, help="Dirichlet alpha of the label split (default iid).")
-@click.option("--sample", type=int, help="Clients per round (default all if N<=10, else 10).")
-@click.option("--rounds", type=int, help="Communication rounds.")
-@click.option("--local-steps", type=int, help="Local SGD steps per round.")
-@click.option("--lr", type=float, help="Learning rate.")
-@click.option("--batch-size", type=int, help="Local batch size.")
-@click.option("--seed", "seeds", type=int, multiple=True, help="Seed; repeat for several runs.")
-@click.option("--model", help="Backbone: cnn, resnet18, resnet50.")
-@click.option("--image-size", type=int, help="Side of the (square) images fed to the model.")
-@click.option("--pretrained/--no-pretrained", default=None,
-              help="Start the ResNet from ImageNet weights (default: the dataset's protocol).")
-@click.option("--weights", help="State-dict file (torchvision format) to start the backbone from.")
-@click.option("--actors", type=int, help="Number of client actors (default: by resources).")
-@click.option("--cpus-per-actor", type=float, help="CPUs per client actor (default 1).")
-@click.option("--gpus-per-actor", type=float, help="GPUs per client actor, fractional (e.g. 0.25).")
-@click.option("--data-root", help="Root folder of image datasets (or RAYDG_DATA_ROOT).")
-@click.option("--train-transform", type=click.Choice(list(TRANSFORMS)),
-              help="Training augmentation per image (default none; domainbed = DomainBed's).")
-@click.option("--skip-bad-images", is_flag=True, default=None,
-              help="Skip (and count) unreadable images instead of stopping.")
-@click.option("--cache/--no-cache", default=None,
-              help="Decode image files once into the cache (default) or every run.")
-@click.option("--cache-dir", help="Decoded-image cache (default $RAYDG_CACHE or ~/.cache/raydg).")
-@click.option("--eval-local/--no-eval-local", default=None,
-              help="Also report in-federation accuracy with local statistics.")
-@click.option("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlflow.db).")
-@click.option("--experiment", help="MLflow experiment name (default: the dataset).")
-@click.option("--address", help="Ray cluster address (default: local Ray or RAY_ADDRESS).")
-@click.option("--config", "config_file", type=click.Path(), help="YAML file of config keys.")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override any config key, e.g. --set options.mu=0.1 (repeatable).")
-def run(dataset: str | None, config_file: str | None, sets: tuple[str, ...], seeds: tuple[int],
-        eval_local: bool | None, pretrained: bool | None, cache: bool | None,
-        **options: Any) -> None:
-    """Train on the source domains of DATASET and evaluate on the held-out domain(s)."""
+RUN_OPTIONS = [
+    click.option("--method", "-m", help="Method name (raydg list methods)."),
+    click.option("--augment", help="Add an augmentation method to any method, e.g. ccst."),
+    click.option("--target", help="Held-out domain, or 'all' (default): one run per domain."),
+    click.option("--clients", type=int, help="Split the source domains into N clients."),
+    click.option("--dirichlet", type=float,
+                 help="Dirichlet alpha of the label split (default iid)."),
+    click.option("--sample", type=int,
+                 help="Clients per round (default all if N<=10, else 10)."),
+    click.option("--rounds", type=int, help="Communication rounds."),
+    click.option("--local-steps", type=int, help="Local SGD steps per round."),
+    click.option("--lr", type=float, help="Learning rate."),
+    click.option("--batch-size", type=int, help="Local batch size."),
+    click.option("--seed", "seeds", type=int, multiple=True,
+                 help="Seed; repeat for several runs."),
+    click.option("--model", help="Backbone: cnn, resnet18, resnet50."),
+    click.option("--image-size", type=int, help="Side of the (square) images fed to the model."),
+    click.option("--pretrained/--no-pretrained", default=None,
+                 help="Start the ResNet from ImageNet weights (default: the dataset's protocol)."),
+    click.option("--weights",
+                 help="State-dict file (torchvision format) to start the backbone from."),
+    click.option("--actors", type=int,
+                 help="Client actors per federation (default: a share of the cluster)."),
+    click.option("--cpus-per-actor", type=float, help="CPUs per client actor (default 1)."),
+    click.option("--gpus-per-actor", type=float,
+                 help="GPUs per client actor, fractional (e.g. 0.25)."),
+    click.option("--max-concurrent", type=int,
+                 help="Federations at once (default: as many as the cluster holds)."),
+    click.option("--placement", type=click.Choice(["pack", "spread"]),
+                 help="Place a federation's actors on few nodes (pack, default) or many."),
+    click.option("--data-root", help="Root folder of image datasets (or RAYDG_DATA_ROOT)."),
+    click.option("--train-transform", type=click.Choice(list(TRANSFORMS)),
+                 help="Training augmentation per image (default none; domainbed = DomainBed's)."),
+    click.option("--skip-bad-images", is_flag=True, default=None,
+                 help="Skip (and count) unreadable images instead of stopping."),
+    click.option("--cache/--no-cache", default=None,
+                 help="Decode image files once into the cache (default) or every run."),
+    click.option("--cache-dir",
+                 help="Decoded-image cache (default $RAYDG_CACHE or ~/.cache/raydg)."),
+    click.option("--eval-local/--no-eval-local", default=None,
+                 help="Also report in-federation accuracy with local statistics."),
+    click.option("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlflow.db)."),
+    click.option("--experiment", help="MLflow experiment name (default: the dataset)."),
+    click.option("--storage", help="Trial results and checkpoints: a folder or a URI such as "
+                                   "s3://bucket/path (default $RAYDG_STORAGE or ./raydg-results)."),
+    click.option("--address", help="Ray cluster to join: HOST:PORT or auto (default: a local "
+                                   "Ray, or RAY_ADDRESS)."),
+    click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                 help="Override any config key, e.g. --set options.mu=0.1 (repeatable)."),
+    click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2",
+                 help="Search a config key over values, e.g. --grid lr=0.01,0.02 (repeatable: "
+                      "every combination)."),
+]
+
+
+def run_options(command: Any) -> Any:
+    for option in reversed(RUN_OPTIONS):
+        command = option(command)
+    return command
+
+
+def _experiment(config_file: str | None, given: dict[str, Any], sets: tuple[str, ...],
+                grid: tuple[str, ...], need_search: bool) -> None:
+    """Config file < command-line options < ``--set``; the file's search and ``--grid``."""
     from raydg.experiment import run_experiment
 
-    cfg = config_mod.RunConfig()
+    cfg, search = config_mod.RunConfig(), config_mod.Search()
     if config_file:
-        cfg = config_mod.apply(cfg, config_mod.load_yaml(config_file))
-    given: dict[str, Any] = {k: v for k, v in options.items() if v is not None}  # same names
-    if dataset:
-        given["dataset"] = dataset
-    if seeds:
-        given["seeds"] = list(seeds)
-    for flag, value in (("eval_local", eval_local), ("pretrained", pretrained), ("cache", cache)):
-        if value is not None:
-            given[flag] = value
-    cfg = config_mod.apply(cfg, given)
+        values, search = config_mod.split_search(config_mod.load_yaml(config_file))
+        cfg = config_mod.apply(cfg, values)
+    cfg = config_mod.apply(cfg, {k: v for k, v in given.items() if v is not None and v != []})
     cfg = config_mod.apply(cfg, config_mod.parse_sets(sets))
-    run_experiment(cfg, out=click.echo)
+    clash = sorted(set(search.grid) & set(config_mod.parse_grid(grid)))
+    if clash:
+        raise RaydgError(f"--grid repeats keys of the config file's grid: {clash}")
+    search.grid.update(config_mod.parse_grid(grid))
+    if need_search and not search:
+        raise RaydgError(f"sweep file {config_file!r} defines no grid and no random search "
+                         "(keys 'grid' and 'random'); use raydg run for a single setting")
+    run_experiment(cfg, search, out=click.echo)
+
+
+@cli.command()
+@click.argument("dataset", required=False)
+@click.option("--config", "config_file", type=click.Path(), help="YAML file of config keys.")
+@run_options
+def run(dataset: str | None, config_file: str | None, sets: tuple[str, ...],
+        grid: tuple[str, ...], seeds: tuple[int, ...], **options: Any) -> None:
+    """Train on the source domains of DATASET and evaluate on the held-out domain(s)."""
+    _experiment(config_file, {**options, "dataset": dataset, "seeds": list(seeds)}, sets, grid,
+                need_search=False)
+
+
+@cli.command()
+@click.argument("sweep_file", type=click.Path())
+@run_options
+def sweep(sweep_file: str, sets: tuple[str, ...], grid: tuple[str, ...],
+          seeds: tuple[int, ...], **options: Any) -> None:
+    """Run the search of SWEEP_FILE (config keys plus 'grid' and/or 'random') over every target
+    and seed; select hyper-parameters per target by training-domain validation."""
+    _experiment(sweep_file, {**options, "seeds": list(seeds)}, sets, grid, need_search=True)
 
 
 @cli.group()

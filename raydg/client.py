@@ -3,18 +3,20 @@
 A :class:`ClientHost` holds one or more clients, their data shards and their persistent state
 (local tensors and method memory) across rounds, plus one working model that it loads with a
 client's weights whenever that client trains or evaluates; a client can be handed to another
-host with its state (``release``, then ``adopt``). An :class:`Evaluator` holds the
-held-out target domain, which no client ever sees.
+host with its state (``release``, then ``adopt``). An :class:`Evaluator`, on the driver, holds
+the held-out target domain, which no client ever sees.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import ray
 import torch
 from torch import nn
 
@@ -27,6 +29,12 @@ from raydg.methods import ClientContext, Method, Upload
 from raydg.models import ModelSpec
 from raydg.partition import ClientData
 from raydg.transforms import augment_batch, make_transform
+
+
+def where(device: torch.device | str = "cpu") -> dict[str, Any]:
+    """The current process's Ray node id, host name, pid and torch device."""
+    return {"node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
+            "pid": os.getpid(), "device": str(device)}
 
 
 def pick_device(gpus: float) -> torch.device:
@@ -65,8 +73,9 @@ class Runtime:
         self.mean, self.std = mean, std
         self.transform = make_transform(cfg.train_transform, spec.image_size)
 
-    def where(self) -> str:
-        return f"{socket.gethostname()} ({self.device})"
+    def where(self) -> dict[str, Any]:
+        """Where this runtime runs: Ray node id, host name, process id and torch device."""
+        return where(self.device)
 
     def inputs(self, x: np.ndarray) -> torch.Tensor:
         return to_inputs(x, self.mean, self.std, self.device)

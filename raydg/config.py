@@ -1,23 +1,23 @@
-"""Run configuration: one dataclass, read from YAML and ``--set key=value`` overrides.
+"""Run configuration: plain data, read from YAML, ``--set key=value`` and ``--grid`` options.
 
 Fields left as ``None`` take the dataset's protocol defaults (:class:`raydg.datasets.TrainDefaults`)
-when the config is resolved. Method-specific settings live in ``options`` and are checked against
-the method's own ``Options`` dataclass.
+when the config is resolved by :mod:`raydg.plan`, which also checks names against the registries;
+this module imports no dataset, model or method. Method-specific settings live in ``options`` and
+are checked against the method's own ``Options`` dataclass.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
-from raydg.datasets import DATASETS
 from raydg.errors import RaydgError
-from raydg.models import IMAGENET, has_pretrained
-from raydg.transforms import TRANSFORMS
 
 
 @dataclass
@@ -60,6 +60,10 @@ class RunConfig:
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
     address: str | None = None  # Ray cluster address; None: a local Ray (or RAY_ADDRESS)
+    max_concurrent: int | None = None  # federations at once; None: as many as the cluster holds
+    placement: str = "pack"  # how a federation's actors spread over nodes: pack | spread
+    storage: str | None = None  # Tune's storage (directory or URI); None: $RAYDG_STORAGE or
+    # ./raydg-results
     # tracking
     tracking_uri: str | None = None
     experiment: str | None = None
@@ -155,81 +159,152 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def resolve(cfg: RunConfig) -> RunConfig:
-    """Fill ``None`` training fields from the dataset's defaults and validate everything."""
-    from raydg.methods import METHODS, method_class
-
-    spec = DATASETS.get(cfg.dataset)
-    method_class(cfg.method, cfg.augment).parse_options(cfg.options)
-    defaults = dataclasses.asdict(spec.defaults)
-    filled = {k: v for k, v in defaults.items() if getattr(cfg, k) is None}
-    augment = METHODS.get(cfg.augment).name if cfg.augment else None
-    _check(cfg.weights is None or cfg.pretrained is not False,
-           "--weights and --no-pretrained contradict each other")
-    asked = cfg.pretrained is True or cfg.weights is not None
-    cfg = dataclasses.replace(cfg, dataset=spec.name, method=METHODS.get(cfg.method).name,
-                              augment=augment, **filled)
-    if not has_pretrained(cfg.model):
-        _check(not asked, f"model {cfg.model} has no pretrained weights; drop --pretrained "
-                          "and --weights")
-        cfg = dataclasses.replace(cfg, pretrained=False)  # the dataset default does not apply
-    elif cfg.weights is not None:
-        cfg = dataclasses.replace(cfg, pretrained=True)
-    validate(cfg)
-    return cfg
+# Keys a search may not vary: they name the experiment's data, targets, seeds, resources or store.
+EXPERIMENT_KEYS = ("dataset", "target", "seeds", "data_root", "image_size", "skip_bad_images",
+                   "cache", "cache_dir", "address", "max_concurrent", "placement", "storage",
+                   "tracking_uri", "experiment")
+DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
 
 
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise RaydgError(message)
+@dataclass
+class Search:
+    """A hyper-parameter search: every combination of the ``grid`` values, crossed with
+    ``samples`` random draws from ``space`` (``{key: {distribution: [args]}}``, seeded by
+    ``seed``; distributions: uniform [a, b], loguniform [a, b], randint [a, b] inclusive,
+    choice [values]).
+
+    The draws are made here, once, not by Tune's samplers: DomainBed's selection compares a
+    setting across seeds, so every (target, seed) federation of one setting must see the same
+    drawn values, whereas Tune would draw afresh for each grid point.
+    """
+
+    grid: dict[str, list[Any]] = field(default_factory=dict)
+    space: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    samples: int = 0
+    seed: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.grid or self.samples)
+
+    def settings(self) -> list[dict[str, Any]]:
+        """Every setting of the searched keys, grid order first (``[{}]`` for no search)."""
+        grid = [dict(zip(self.grid, values, strict=True))
+                for values in itertools.product(*self.grid.values())]
+        if not self.samples:
+            return grid
+        rng = np.random.default_rng(self.seed)
+        draws = [{k: _draw(rng, spec) for k, spec in self.space.items()}
+                 for _ in range(self.samples)]
+        return [{**g, **d} for g in grid for d in draws]
 
 
-def validate(cfg: RunConfig) -> None:
-    spec = DATASETS.get(cfg.dataset)
-    _check(cfg.target == "all" or cfg.target in spec.domains,
-           f"unknown target domain {cfg.target!r} for {spec.name}; "
-           f"choose one of {', '.join(spec.domains)} or 'all'")
-    _check(len(cfg.seeds) > 0, "at least one seed is needed")
-    for key in ("rounds", "local_steps", "batch_size", "val_every", "eval_batch_size",
-                "image_size"):
-        _check(getattr(cfg, key) > 0, f"{key} must be positive, got {getattr(cfg, key)}")
-    _check(cfg.lr > 0, f"lr must be positive, got {cfg.lr}")
-    _check(cfg.clients is None or cfg.clients > 0, f"clients must be positive, got {cfg.clients}")
-    _check(cfg.dirichlet is None or cfg.dirichlet > 0,
-           f"--dirichlet alpha must be positive, got {cfg.dirichlet}")
-    _check(cfg.sample is None or cfg.sample > 0, f"sample must be positive, got {cfg.sample}")
-    sources = len(spec.domains) - 1
-    _check(cfg.clients is None or cfg.clients >= sources,
-           f"--clients {cfg.clients} is fewer than the {sources} source domains")
-    n = cfg.clients or sources
-    _check(cfg.sample is None or cfg.sample <= n,
-           f"--sample {cfg.sample} is more than the {n} clients (K must be <= N)")
-    _check(0 <= cfg.val_fraction < 1, f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
-    _check(cfg.agg_weights in ("samples", "uniform"),
-           f"agg_weights must be 'samples' or 'uniform', got {cfg.agg_weights!r}")
-    _check(cfg.actors is None or cfg.actors > 0, f"actors must be positive, got {cfg.actors}")
-    _check(cfg.train_transform in TRANSFORMS,
-           f"train_transform must be one of {', '.join(TRANSFORMS)}, got {cfg.train_transform!r}")
-    _check(cfg.cpus_per_actor > 0, "cpus_per_actor must be positive")
-    _check(cfg.gpus_per_actor >= 0, "gpus_per_actor must be >= 0")
+def _draw(rng: np.random.Generator, spec: dict[str, list[Any]]) -> Any:
+    (kind, args), = spec.items()
+    if kind == "choice":
+        return args[int(rng.integers(len(args)))]
+    low, high = args
+    if kind == "uniform":
+        return float(rng.uniform(low, high))
+    if kind == "loguniform":
+        return float(np.exp(rng.uniform(np.log(low), np.log(high))))
+    return int(rng.integers(low, high + 1))
 
 
-def init_weights(cfg: RunConfig) -> str | None:
-    """What the initial global model starts from: None (random), ``imagenet`` or a file."""
-    if not cfg.pretrained:
-        return None
-    return cfg.weights or IMAGENET
+def _search_key(key: str) -> str:
+    key = key.replace("-", "_")
+    if key.startswith("options.") and len(key) > len("options."):
+        return key
+    if key not in FIELDS or key == "options":
+        raise RaydgError(f"unknown config key {key!r} in the search; valid keys: "
+                         f"{', '.join(k for k in FIELDS if k not in EXPERIMENT_KEYS)} "
+                         "and options.NAME")
+    if key in EXPERIMENT_KEYS:
+        raise RaydgError(f"a search cannot vary {key!r}: it is fixed for the whole experiment")
+    return key
+
+
+def _values(key: str, values: Any) -> list[Any]:
+    if not isinstance(values, list) or not values:
+        raise RaydgError(f"search key {key!r} needs a non-empty list of values, got {values!r}")
+    return values
+
+
+def _distribution(key: str, spec: Any) -> dict[str, list[Any]]:
+    if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in DISTRIBUTIONS:
+        raise RaydgError(f"random search key {key!r} needs one of {', '.join(DISTRIBUTIONS)}, "
+                         f"e.g. {{loguniform: [0.001, 0.1]}}; got {spec!r}")
+    (kind, args), = spec.items()
+    args = _values(key, args)
+    if kind != "choice":
+        numeric = all(isinstance(a, int | float) and not isinstance(a, bool) for a in args)
+        if len(args) != 2 or not numeric or args[0] > args[1] or (
+                kind == "loguniform" and args[0] <= 0):
+            raise RaydgError(f"random search key {key!r}: {kind} needs [low, high] with "
+                             f"low <= high{' and low > 0' if kind == 'loguniform' else ''}, "
+                             f"got {args!r}")
+    return {kind: args}
+
+
+def parse_search(grid: Any = None, random: Any = None) -> Search:
+    """A :class:`Search` from a config file's ``grid:`` and ``random:`` sections, checked."""
+    if grid is not None and not isinstance(grid, dict):
+        raise RaydgError(f"'grid' must map config keys to lists of values, got {grid!r}")
+    search = Search(grid={_search_key(k): _values(k, v) for k, v in (grid or {}).items()})
+    if random is None:
+        return search
+    if not isinstance(random, dict) or set(random) - {"samples", "seed", "space"}:
+        raise RaydgError("'random' takes the keys samples, seed and space, got "
+                         f"{random!r}")
+    samples, seed, space = random.get("samples"), random.get("seed", 0), random.get("space")
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
+        raise RaydgError(f"random.samples must be a positive integer, got {samples!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise RaydgError(f"random.seed must be an integer, got {seed!r}")
+    if not isinstance(space, dict) or not space:
+        raise RaydgError("random.space must map config keys to distributions, e.g. "
+                         "{lr: {loguniform: [0.001, 0.1]}}")
+    search.space = {_search_key(k): _distribution(k, v) for k, v in space.items()}
+    both = sorted(set(search.grid) & set(search.space))
+    if both:
+        raise RaydgError(f"search keys {both} are both in the grid and in the random space")
+    search.samples, search.seed = samples, seed
+    return search
+
+
+def split_search(values: dict[str, Any]) -> tuple[dict[str, Any], Search]:
+    """A config file's keys without its ``grid``/``random`` sections, and their search."""
+    rest = {k: v for k, v in values.items() if k not in ("grid", "random")}
+    return rest, parse_search(values.get("grid"), values.get("random"))
+
+
+def parse_grid(pairs: tuple[str, ...] | list[str]) -> dict[str, list[Any]]:
+    """``["lr=0.01,0.02", "options.mu=[0.1]"]`` -> ``{"lr": [0.01, 0.02], "options.mu": [0.1]}``
+    (each value parsed as YAML)."""
+    grid: dict[str, list[Any]] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise RaydgError(f"--grid expects key=value1,value2,..., got {pair!r}")
+        raw = raw.strip()
+        try:
+            values = yaml.safe_load(raw if raw.startswith("[") else f"[{raw}]")
+        except yaml.YAMLError:
+            raise RaydgError(f"--grid {pair!r}: cannot parse the values") from None
+        grid[key.strip()] = values
+    return parse_search(grid).grid
+
+
+def setting_label(setting: dict[str, Any]) -> str:
+    """``{"lr": 0.02, "options.mu": 0.1}`` -> ``"lr=0.02 options.mu=0.1"`` (floats to 4
+    significant digits)."""
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in setting.items())
 
 
 def clients_per_round(cfg: RunConfig, num_clients: int) -> int:
     if cfg.sample is not None:
         return cfg.sample
     return num_clients if num_clients <= 10 else 10
-
-
-def targets(cfg: RunConfig) -> list[str]:
-    spec = DATASETS.get(cfg.dataset)
-    return list(spec.domains) if cfg.target == "all" else [cfg.target]
 
 
 def to_dict(cfg: RunConfig) -> dict[str, Any]:

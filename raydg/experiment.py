@@ -1,101 +1,122 @@
-"""A whole experiment: every held-out target domain x every seed, tracked and summarised."""
+"""A whole experiment: every held-out target x every seed (x every searched setting), run as
+concurrent Ray Tune trials (:mod:`raydg.runner`), tracked and summarised."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 
-from raydg.config import RunConfig, init_weights, resolve, targets
+from raydg.config import RunConfig, Search
 from raydg.datasets import load_dataset
 from raydg.datasets.cache import cache_root
-from raydg.models import ModelSpec, build_model
-from raydg.partition import plan_clients
-from raydg.results import format_summary, long_rows, summary_rows
-from raydg.simulation import Simulation, SimulationResult
+from raydg.errors import RaydgError
+from raydg.plan import Plan, check_federations, plan_experiment
+from raydg.results import (
+    FederationResult,
+    format_selection,
+    format_summary,
+    long_rows,
+    select_settings,
+    summary_rows,
+)
+from raydg.runner import check_storage, fit_actors, run_federations
 from raydg.tracking import Tracker
+
+CONNECT_TIMEOUT = 5.0  # seconds to reach a named Ray cluster before giving up
 
 
 @dataclass
 class ExperimentResult:
-    config: RunConfig
-    runs: list[SimulationResult]
+    plan: Plan
+    runs: list[FederationResult]  # in the plan's order of federations
     summary: list[dict[str, Any]]
+    selection: list[dict[str, Any]]  # hyper-parameter selection of a search (else empty)
     printed: str
     run_id: str
 
+    @property
+    def config(self) -> RunConfig:
+        return self.plan.config
+
+
+def check_reachable(address: str) -> None:
+    """Refuse a ``host:port`` cluster address that does not answer (``ray.init`` would retry
+    for minutes)."""
+    host, _, port = address.split("://")[-1].rpartition(":")
+    if not host or not port.isdigit():
+        raise RaydgError(f"--address {address!r} is not 'auto' or HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
+    except OSError as err:
+        raise RaydgError(f"cannot reach the Ray cluster at {address}: {err}") from None
+
 
 @contextlib.contextmanager
-def ray_session(cfg: RunConfig) -> Iterator[None]:
-    """Use the running Ray session if there is one, else start (and finally stop) one."""
+def ray_session(cfg: RunConfig) -> Iterator[bool]:
+    """Use the running Ray session, join ``cfg.address`` (or ``RAY_ADDRESS``), or start a
+    local Ray (and finally stop what was started or joined). Yields whether no cluster was
+    named, i.e. whether the Ray in use is this machine's own."""
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
     if ray.is_initialized():
-        yield
+        yield address is None
         return
-    ray.init(address=cfg.address, include_dashboard=False, logging_level="ERROR",
-             log_to_driver=True)
+    if address and address != "auto":
+        check_reachable(address)
     try:
-        yield
+        ray.init(address=cfg.address, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=True)
+    except ConnectionError as err:
+        raise RaydgError(f"cannot join a Ray cluster at {address}: {err}") from None
+    try:
+        yield address is None
     finally:
         ray.shutdown()
 
 
-class Progress:
-    """Prints one line per round with the latest accuracies and the time left."""
-
-    def __init__(self, total_rounds: int, out: Callable[[str], None]) -> None:
-        self.total, self.done, self.seconds, self.out = total_rounds, 0, 0.0, out
-        self.label = ""
-
-    def __call__(self, row: dict[str, float], rounds: int) -> None:
-        self.done += 1
-        self.seconds += row["round_seconds"]
-        eta = self.seconds / self.done * (self.total - self.done)
-        local = f" (local {100 * row['val_acc_local']:.1f}%)" if "val_acc_local" in row else ""
-        self.out(f"[{self.label}] round {int(row['round'])}/{rounds}  "
-                 f"loss {row['train_loss']:.3f}  val {100 * row['val_acc']:.1f}%{local}  "
-                 f"target {100 * row['target_acc']:.1f}%  {row['round_seconds']:.1f}s/round  "
-                 f"left {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}")
+def _final_metrics(plan: Plan, summary: list[dict[str, Any]],
+                   selection: list[dict[str, Any]]) -> dict[str, float]:
+    """The parent run's headline metrics: ``avg/<selection>/<mode>``; for a search, the Avg of
+    the hyper-parameters selected by training-domain validation,
+    ``avg/selected_hparams/<method>/<mode>``."""
+    if len(plan.settings) == 1:
+        return {f"avg/{r['selection']}/{r['mode']}": r["Avg"] for r in summary}
+    return {f"avg/selected_hparams/{r['method']}/{r['mode']}": r["accuracy"]
+            for r in selection if r["target"] == "Avg"}
 
 
-def run_experiment(cfg: RunConfig, out: Callable[[str], None] = print) -> ExperimentResult:
-    """Resolve ``cfg``, run one simulation per (target, seed), log everything to MLflow."""
-    cfg = resolve(cfg)
-    cache = cache_root(cfg.cache_dir) if cfg.cache else None
-    data = load_dataset(cfg.dataset, cfg.data_root, cfg.image_size, cfg.skip_bad_images, out,
+def run_experiment(cfg: RunConfig, search: Search | None = None,
+                   out: Callable[[str], None] = print) -> ExperimentResult:
+    """Plan ``cfg`` (x ``search``), check everything that can be checked before Ray starts,
+    run every federation as a Tune trial, log everything to MLflow, print the tables."""
+    plan = plan_experiment(cfg, search)
+    base = plan.config
+    cache = cache_root(base.cache_dir) if base.cache else None
+    data = load_dataset(base.dataset, base.data_root, base.image_size, base.skip_bad_images, out,
                         cache)
-    held_out = targets(cfg)
-    for target in held_out:  # refuse an impossible partition before anything starts
-        for seed in cfg.seeds:
-            plan_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed)
-    weights = init_weights(cfg)
-    if weights is not None:  # ... and missing pretrained weights (fetched once here)
-        build_model(ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size,
-                              weights))
-    progress = Progress(len(held_out) * len(cfg.seeds) * cfg.rounds, out)
-    runs: list[SimulationResult] = []
-    with ray_session(cfg), Tracker(cfg) as tracker:
-        out(f"raydg: {cfg.label} on {cfg.dataset}, targets {held_out}, seeds {cfg.seeds}, "
-            f"{cfg.rounds} rounds x {cfg.local_steps} local steps; MLflow run {tracker.run_id}")
-        for target in held_out:
-            for seed in cfg.seeds:
-                progress.label = f"{target} seed={seed}"
-                with tracker.child(target, seed):
-                    sim = Simulation(cfg, data, target, seed, log=out)
-
-                    def on_round(row: dict[str, float]) -> None:
-                        tracker.log_round(row)
-                        progress(row, cfg.rounds)
-
-                    result = sim.run(on_round)
-                    tracker.log_result(result)
-                runs.append(result)
-        rows = long_rows(cfg.label, runs)
-        summary = summary_rows(rows, held_out)
-        printed = format_summary(summary, held_out, len(cfg.seeds))
-        final = {f"avg/{r['selection']}/{r['mode']}": r["Avg"] for r in summary}
-        tracker.log_summary(final, {"results": rows, "summary": summary}, printed)
+    check_federations(plan, data)
+    check_storage(base.storage)
+    sources = len(data.domains) - 1
+    with ray_session(base) as local, Tracker(base, plan.search) as tracker:
+        feds = fit_actors(plan, lambda c: c.clients or sources, local, out)
+        search = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
+        out(f"raydg: {base.label} on {base.dataset}, targets {plan.targets}, seeds "
+            f"{base.seeds}{search}, {base.rounds} rounds x {base.local_steps} local steps; "
+            f"MLflow run {tracker.run_id}")
+        runs = run_federations(plan, feds, data, tracker, out)
+        rows = long_rows(runs)
+        summary = summary_rows(rows, plan.targets)
+        printed = format_summary(summary, plan.targets, len(base.seeds))
+        selection = select_settings(rows, plan.targets) if len(plan.settings) > 1 else []
+        tables = {"results": rows, "summary": summary}
+        if selection:
+            printed += "\n\n" + format_selection(selection, len(base.seeds))
+            tables["selection"] = selection
+        tracker.log_summary(_final_metrics(plan, summary, selection), tables, printed)
         out(printed)
-        return ExperimentResult(cfg, runs, summary, printed, tracker.run_id)
+        return ExperimentResult(plan, runs, summary, selection, printed, tracker.run_id)

@@ -1,8 +1,14 @@
-"""Result tables: per-run accuracies, the papers' summary table (targets x Avg.), file output."""
+"""Result tables: one federation's result and its stored form, per-run accuracies, the papers'
+summary table (targets x Avg.), hyper-parameter selection over a search, file output.
+
+This module reads and writes results only; it imports nothing of the engine (no Ray, no torch).
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +17,51 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from raydg.simulation import SimulationResult
+from raydg.config import setting_label
+
+State = dict[str, np.ndarray]
+
+
+@dataclass
+class FederationResult:
+    """What one federation (target, seed, setting) ends with."""
+
+    method: str  # as reported: ``fedbn`` or ``fedbn+ccst``
+    target: str
+    seed: int
+    history: list[dict[str, float]]  # one row of metrics per round
+    selected_round: int
+    selected: dict[str, float]  # target accuracy per inference mode at the selected round
+    last: dict[str, float]  # ... and at the last round
+    oracle: dict[str, float]  # ... the best over rounds (target-domain selection: optimistic)
+    oracle_round: dict[str, int]  # the round of that best, per mode
+    global_state: State
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    plots: dict[str, tuple[str, ...]] = field(default_factory=dict)  # table -> plot spec
+    setting: dict[str, Any] = field(default_factory=dict)  # the searched keys' values
+
+    SUMMARY = ("method", "target", "seed", "selected_round", "selected", "last", "oracle",
+               "oracle_round", "plots", "setting")
+
+    def save(self, path: Path) -> None:
+        """Write into the folder ``path``: ``result.json`` (scalars), ``global_state.npz``
+        (numpy, read back without pickle) and one Parquet file per table (``history`` too)."""
+        path.mkdir(parents=True, exist_ok=True)
+        summary = {k: getattr(self, k) for k in self.SUMMARY}
+        (path / "result.json").write_text(json.dumps(summary, indent=1))
+        np.savez(path / "global_state.npz", **self.global_state)
+        for name, rows in {"history": self.history, **self.tables}.items():
+            pq.write_table(pa.Table.from_pylist(list(rows)), path / f"{name}.parquet")
+
+    @classmethod
+    def load(cls, path: Path) -> FederationResult:
+        """Read what :meth:`save` wrote."""
+        summary = json.loads((path / "result.json").read_text())
+        summary["plots"] = {k: tuple(v) for k, v in summary["plots"].items()}
+        with np.load(path / "global_state.npz", allow_pickle=False) as npz:
+            state = {k: npz[k] for k in npz.files}
+        tables = {p.stem: pq.read_table(p).to_pylist() for p in sorted(path.glob("*.parquet"))}
+        return cls(history=tables.pop("history"), global_state=state, tables=tables, **summary)
 
 SELECTIONS = {
     "selected": "selected round (training-domain validation)",
@@ -84,15 +134,17 @@ def plot(rows: Sequence[dict[str, Any]], spec: tuple[str, ...], path: Path) -> N
     plt.close(fig)
 
 
-def long_rows(method: str, results: Sequence[SimulationResult]) -> list[dict[str, Any]]:
-    """One row per (target, seed, inference mode, selection), accuracy in percent."""
-    def round_of(r: SimulationResult, sel: str, mode: str) -> int:
+def long_rows(results: Sequence[FederationResult]) -> list[dict[str, Any]]:
+    """One row per (federation, inference mode, selection): the round it selects, the mean
+    source-validation accuracy there and the target accuracy, both in percent."""
+    def round_of(r: FederationResult, sel: str, mode: str) -> int:
         return {"selected": r.selected_round, "last": len(r.history),
                 "oracle": r.oracle_round[mode]}[sel]
 
     return [
-        {"method": method, "target": r.target, "seed": r.seed, "mode": mode,
-         "selection": sel, "round": round_of(r, sel, mode),
+        {"method": r.method, "setting": setting_label(r.setting), "target": r.target,
+         "seed": r.seed, "mode": mode, "selection": sel, "round": round_of(r, sel, mode),
+         "val_acc": 100.0 * r.history[round_of(r, sel, mode) - 1]["val_acc"],
          "accuracy": 100.0 * getattr(r, sel)[mode]}
         for r in results for sel in SELECTIONS for mode in r.selected
     ]
@@ -104,15 +156,24 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
 
 
+def _first_seen(values: Sequence[Any]) -> list[Any]:
+    return list(dict.fromkeys(values))
+
+
 def summary_rows(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[str, Any]]:
-    """The papers' table: per (method, mode, selection), mean and std over seeds per target;
-    ``Avg`` averages the targets within each seed, then takes mean and std over seeds."""
+    """The papers' table: per (method, setting, mode, selection), mean and std over seeds per
+    target; ``Avg`` averages the targets within each seed, then takes mean and std over seeds.
+    Settings keep the search's order."""
     out = []
-    keys = sorted({(r["method"], r["mode"], r["selection"]) for r in rows},
-                  key=lambda k: (k[2] != "selected", k[0], k[1]))
-    for method, mode, sel in keys:
-        mine = [r for r in rows if (r["method"], r["mode"], r["selection"]) == (method, mode, sel)]
-        row: dict[str, Any] = {"method": method, "mode": mode, "selection": sel}
+    order = {s: i for i, s in enumerate(_first_seen(r["setting"] for r in rows))}
+    keys = sorted({(r["method"], r["setting"], r["mode"], r["selection"]) for r in rows},
+                  key=lambda k: (k[3] != "selected", k[0], order[k[1]], k[2]))
+    for method, setting, mode, sel in keys:
+        mine = [r for r in rows
+                if (r["method"], r["setting"], r["mode"], r["selection"]) == (
+                    method, setting, mode, sel)]
+        row: dict[str, Any] = {"method": method, "setting": setting, "mode": mode,
+                               "selection": sel}
         seeds = sorted({r["seed"] for r in mine})
         for t in targets:
             row[t], row[f"{t}_std"] = _mean_std([r["accuracy"] for r in mine if r["target"] == t])
@@ -131,18 +192,85 @@ def format_summary(summary: list[dict[str, Any]], targets: list[str], seeds: int
         if not rows:
             continue
         modes = {r["mode"] for r in rows}
-        names = [r["method"] if len(modes) == 1 else f"{r['method']} [{r['mode']}]"
-                 for r in rows]
-        cells = [[f"{r[c]:.2f} ± {r[c + '_std']:.2f}" if seeds > 1 else f"{r[c]:.2f}"
-                  for c in cols] for r in rows]
-        widths = [max(len(c), *(len(cell[i]) for cell in cells)) for i, c in enumerate(cols)]
-        first = max(len("Method"), *(len(n) for n in names))
-        lines = [f"Accuracy (%) on the held-out domain, {title}, {seeds} seed(s)",
-                 "  ".join(["Method".ljust(first), *(c.rjust(w) for c, w in zip(cols, widths,
-                                                                                  strict=True))])]
-        lines.append("-" * len(lines[-1]))
-        for name, cell in zip(names, cells, strict=True):
-            lines.append("  ".join([name.ljust(first),
-                                    *(v.rjust(w) for v, w in zip(cell, widths, strict=True))]))
-        blocks.append("\n".join(lines))
+        names = [" ".join([r["method"], *([f"[{r['setting']}]"] if r["setting"] else []),
+                           *([f"[{r['mode']}]"] if len(modes) > 1 else [])]) for r in rows]
+        cells = [[_cell(r[c], r[c + "_std"], seeds) for c in cols] for r in rows]
+        blocks.append(_table(f"Accuracy (%) on the held-out domain, {title}, {seeds} seed(s)",
+                             ["Method", *cols], [[n, *c] for n, c in zip(names, cells,
+                                                                          strict=True)]))
     return "\n\n".join(blocks)
+
+
+def _cell(mean: float, std: float, seeds: int) -> str:
+    return f"{mean:.2f} ± {std:.2f}" if seeds > 1 else f"{mean:.2f}"
+
+
+def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
+    """A plain-text table: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join([cells[0].ljust(widths[0]),
+                          *(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))])
+
+    head = line(header)
+    return "\n".join([title, head, "-" * len(head), *(line(r) for r in rows)])
+
+
+def select_settings(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[str, Any]]:
+    """Hyper-parameter selection the DomainBed way, per (method, mode) and held-out target.
+
+    Among the settings of a search, the selected one has the best mean over seeds of the
+    source-validation accuracy at each run's selected round (training-domain validation; ties
+    go to the earlier setting). Its target accuracy (mean and std over seeds) is what a table
+    reports. Beside it, the *oracle* setting, the one with the best mean target accuracy: it
+    peeks at the target domain, an upper bound and not a selection. ``Avg`` averages the
+    chosen settings' accuracies over the targets within each seed, then over seeds.
+    """
+    sel = [r for r in rows if r["selection"] == "selected"]
+    out = []
+    for method, mode in _first_seen((r["method"], r["mode"]) for r in sel):
+        mine = [r for r in sel if (r["method"], r["mode"]) == (method, mode)]
+        chosen: dict[str, dict[int, float]] = {}
+        for t in targets:
+            runs = {s: [r for r in mine if r["target"] == t and r["setting"] == s]
+                    for s in _first_seen(r["setting"] for r in mine)}
+
+            def mean_of(key: str, s: str, runs=runs) -> float:
+                return float(np.mean([r[key] for r in runs[s]]))
+
+            best = max(runs, key=lambda s: mean_of("val_acc", s))
+            oracle = max(runs, key=lambda s: mean_of("accuracy", s))
+            acc, std = _mean_std([r["accuracy"] for r in runs[best]])
+            oacc, ostd = _mean_std([r["accuracy"] for r in runs[oracle]])
+            chosen[t] = {r["seed"]: r["accuracy"] for r in runs[best]}
+            out.append({"method": method, "mode": mode, "target": t, "setting": best,
+                        "val_acc": mean_of("val_acc", best), "accuracy": acc,
+                        "accuracy_std": std, "oracle_setting": oracle, "oracle_accuracy": oacc,
+                        "oracle_accuracy_std": ostd})
+        seeds = sorted(set.intersection(*(set(c) for c in chosen.values())))
+        avg, std = _mean_std([np.mean([chosen[t][s] for t in targets]) for s in seeds])
+        out.append({"method": method, "mode": mode, "target": "Avg", "setting": "",
+                    "val_acc": float("nan"), "accuracy": avg, "accuracy_std": std,
+                    "oracle_setting": "", "oracle_accuracy": float("nan"),
+                    "oracle_accuracy_std": float("nan")})
+    return out
+
+
+def format_selection(selection: list[dict[str, Any]], seeds: int) -> str:
+    """The selected setting per target, with the oracle's beside it, as a plain-text table."""
+    modes = {r["mode"] for r in selection}
+    rows = []
+    for r in selection:
+        name = r["method"] + (f" [{r['mode']}]" if len(modes) > 1 else "")
+        avg = r["target"] == "Avg"
+        rows.append([name, r["target"], r["setting"], "" if avg else f"{r['val_acc']:.2f}",
+                     _cell(r["accuracy"], r["accuracy_std"], seeds),
+                     r["oracle_setting"],
+                     "" if avg else _cell(r["oracle_accuracy"], r["oracle_accuracy_std"], seeds)])
+    title = (f"Hyper-parameters selected per held-out domain by training-domain validation (best "
+             f"mean source-validation accuracy over {seeds} seed(s)); accuracy (%) at the "
+             "selected round. Oracle = best mean target accuracy: an upper bound, not a "
+             "selection")
+    return _table(title, ["Method", "Target", "Selected setting", "Source val", "Target acc",
+                          "Oracle setting", "Oracle acc"], rows)

@@ -9,11 +9,12 @@ plugs in through :class:`raydg.methods.Method` and sees this object as its ``Ser
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -22,28 +23,16 @@ import torch
 
 from raydg import seeding
 from raydg import state as st
-from raydg.actors import ClientPool, start_evaluator
-from raydg.config import RunConfig, clients_per_round, init_weights
+from raydg.actors import ClientPool, describe_placement
+from raydg.client import Evaluator, where
+from raydg.config import RunConfig, clients_per_round
 from raydg.datasets import MultiDomainDataset
 from raydg.ledger import DOWN, UP, Ledger, payload_nbytes
 from raydg.methods import Method, Upload, method_class
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
-
-
-@dataclass
-class SimulationResult:
-    target: str
-    seed: int
-    history: list[dict[str, float]]  # one row of metrics per round
-    selected_round: int
-    selected: dict[str, float]  # target accuracy per inference mode at the selected round
-    last: dict[str, float]  # ... and at the last round
-    oracle: dict[str, float]  # ... the best over rounds (target-domain selection: optimistic)
-    oracle_round: dict[str, int]  # the round of that best, per mode
-    global_state: st.State
-    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    plots: dict[str, tuple[str, ...]] = field(default_factory=dict)  # table -> plot spec
+from raydg.plan import init_weights
+from raydg.results import FederationResult
 
 
 class Simulation:
@@ -76,8 +65,10 @@ class Simulation:
         self._has_local: set[int] = set()
         self.pool = ClientPool(method, self.config, self.spec, data.mean, data.std, clients)
         test = data.domain(target)
-        self.evaluator = start_evaluator(method, self.config, self.spec, data.mean, data.std,
-                                         test.x, test.y)
+        # the target domain stays on the driver; evaluation runs in a thread beside the rounds
+        self.evaluator = Evaluator(copy.deepcopy(method), self.config, self.spec, data.mean,
+                                   data.std, test.x, test.y)
+        self._evaluation = ThreadPoolExecutor(1, thread_name_prefix="target-evaluation")
 
     # ------------------------------------------------------------------ Server protocol
     def call_clients(self, phase: str, payload: Any = None, *, kind: str,
@@ -118,9 +109,10 @@ class Simulation:
             self._ledger_message(u.client_id, UP, "state", u.state)
         self._has_local.update(cids)
 
-    def _start_evaluation(self, global_ref: Any) -> tuple[Any, list[Any]]:
-        """Submit target evaluation and every actor's source validation; return the futures."""
-        return (self.evaluator.evaluate.remote(global_ref),
+    def _start_evaluation(self, global_ref: Any) -> tuple[Future, list[Any]]:
+        """Start target evaluation (a driver thread) and every actor's source validation of the
+        current global model; return the futures."""
+        return (self._evaluation.submit(self.evaluator.evaluate, self.global_state),
                 self.pool.validate(global_ref, self.config.eval_local))
 
     def _finish_evaluation(self, futures: tuple[Any, list[Any]]) -> dict[str, float]:
@@ -137,12 +129,20 @@ class Simulation:
         if self.config.eval_local:
             metrics["val_acc_local"] = float(np.mean(
                 [v["val_acc_local"] for v in per_client if "val_acc_local" in v]))
-        for mode, acc in ray.get(target).items():
+        for mode, acc in target.result().items():
             metrics[f"target_acc/{mode}"] = acc
         metrics["target_acc"] = metrics[f"target_acc/{self.method.eval_modes[0]}"]
         return metrics
 
-    def run(self, on_round: Callable[[dict[str, float]], None] | None = None) -> SimulationResult:
+    def _record_placement(self) -> None:
+        """Where the driver (which also evaluates) and each client actor run: table
+        ``placement``."""
+        rows = [{"role": "driver", **where(self.evaluator.device)}, *self.pool.placement()]
+        self.tables["placement"] = rows
+        self.log(describe_placement(rows, self.config))
+
+    def run(self, on_round: Callable[[dict[str, float]], None] | None = None
+            ) -> FederationResult:
         """All rounds. Round r's evaluation runs while round r+1 trains (each actor runs its
         tasks in submission order, so round r validates every client where it was hosted then);
         ``round_seconds`` is the time from one round's start to the next's."""
@@ -160,7 +160,7 @@ class Simulation:
                 on_round(row)
 
         try:
-            self.log(self.pool.describe())
+            self._record_placement()
             self.method.setup(self)
             pending: tuple[dict[str, float], Any, float] | None = None
             global_ref = ray.put(self.global_state)  # then once per round, after aggregation
@@ -184,23 +184,23 @@ class Simulation:
                 pending = (row, futures, start)
             if pending is not None:
                 finish(*pending)
-            analysis = ray.get(self.evaluator.analyze.remote(global_ref))
-            for name, rows in analysis.items():
+            for name, rows in self.evaluator.analyze(self.global_state).items():
                 self.tables[f"target_{name}"] = rows
             return self._result(history)
         finally:
+            self._evaluation.shutdown()
             self.pool.shutdown()
-            ray.kill(self.evaluator)
 
-    def _result(self, history: list[dict[str, float]]) -> SimulationResult:
+    def _result(self, history: list[dict[str, float]]) -> FederationResult:
         best = max(history, key=lambda r: (r["val_acc"], -r["round"]))
         modes = [f"target_acc/{m}" for m in self.method.eval_modes]
         tables = dict(self.tables)
         tables["ledger"] = self.ledger.rows
         tables["clients"] = [{"client": c, "domain": self.domains[c],
                               "train_samples": self.num_samples[c]} for c in self.client_ids]
-        return SimulationResult(
-            target=self.config.target, seed=self.config.seed, history=history,
+        return FederationResult(
+            method=self.method.name, target=self.config.target, seed=self.config.seed,
+            history=history,
             selected_round=int(best["round"]),
             selected={m.split("/", 1)[1]: best[m] for m in modes},
             last={m.split("/", 1)[1]: history[-1][m] for m in modes},

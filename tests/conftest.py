@@ -7,7 +7,16 @@ import dataclasses
 import pytest
 import ray
 
-from raydg.config import RunConfig, resolve
+from raydg.config import RunConfig
+from raydg.plan import resolve
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _storage(tmp_path_factory):
+    """Tune's storage in a temporary folder, never ./raydg-results of the checkout."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAYDG_STORAGE", str(tmp_path_factory.mktemp("raydg-results")))
+        yield
 
 
 @pytest.fixture(scope="module")

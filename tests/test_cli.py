@@ -12,8 +12,9 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from raydg.cli import cli
-from raydg.config import RunConfig, apply, load_yaml, parse_sets, resolve
+from raydg.config import RunConfig, apply, load_yaml, parse_sets
 from raydg.methods import METHODS
+from raydg.plan import resolve
 
 
 def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):

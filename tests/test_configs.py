@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from raydg.config import RunConfig, apply, load_yaml, resolve
+from raydg.config import RunConfig, apply, load_yaml
 from raydg.datasets import DATASETS
 from raydg.methods import method_class
+from raydg.plan import resolve
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 FILES = sorted(CONFIGS.glob("*.yaml"))

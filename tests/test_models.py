@@ -8,9 +8,10 @@ import pytest
 import torch
 import torchvision
 
-from raydg.config import RunConfig, init_weights, resolve
+from raydg.config import RunConfig
 from raydg.errors import RaydgError
 from raydg.models import ModelSpec, build_model
+from raydg.plan import init_weights, resolve
 
 
 def _saved_resnet18(path) -> dict:

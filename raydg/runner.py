@@ -1,0 +1,249 @@
+"""Federations as Ray Tune trials: Tune gives concurrency, placement and storage.
+
+Every federation (one target x one seed x one setting) is one trial, and the trial's function,
+:func:`federation`, is the federation's *driver actor*: it builds the
+:class:`~raydg.simulation.Simulation` and runs its rounds inside the trial's actor. The trial's
+placement group (:func:`trial_resources`) has a head bundle for the driver, which also evaluates
+the global model on the target domain (empty on CPUs: the driver reserves nothing and runs beside
+its first client actor; a GPU share otherwise), then one bundle per client actor. So a trial starts
+only when all of its resources are free, and its actors never starve another trial.
+
+Each round is one ``tune.report``; the last report carries the federation's result as a
+checkpoint. :class:`Collector`, a Tune callback, runs in the process that calls ``Tuner.fit``:
+it is the one writer to MLflow, prints raydg's progress in place of Tune's tables, and loads each
+finished federation's result from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+
+from raydg.config import RunConfig
+from raydg.datasets import MultiDomainDataset
+from raydg.errors import RaydgError
+from raydg.plan import Federation, Plan
+from raydg.results import FederationResult
+from raydg.tracking import Tracker
+
+FEDERATION = "federation"  # the trainable's name and its key in each trial's config
+
+
+def federation(config: dict[str, Any], data: MultiDomainDataset) -> None:
+    """The Tune trainable: the driver of one federation, running in the trial's actor.
+
+    Reports each round's metrics (``row``) with the progress messages logged since the last
+    report (``messages``), then the result, written by :meth:`FederationResult.save`, as the
+    checkpoint of a last report (``done``)."""
+    from raydg.simulation import Simulation
+
+    logging.getLogger("ray.train").setLevel(logging.WARNING)  # no line per checkpoint
+    spec = config[FEDERATION]
+    cfg = RunConfig(**spec["config"])
+    messages: list[str] = []
+
+    def report(row: dict[str, float] | None = None, **extra: Any) -> None:
+        sent, messages[:] = list(messages), []
+        tune.report({"raydg": {"row": row, "messages": sent}}, **extra)
+
+    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=messages.append)
+    result = sim.run(report)
+    result.setting = spec["setting"]
+    with tempfile.TemporaryDirectory() as tmp:
+        result.save(Path(tmp))
+        report(checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
+def trial_resources(config: dict[str, Any]) -> tune.PlacementGroupFactory:
+    """Bundles of a federation's placement group: the driver's (a GPU share for its target
+    evaluation, else empty), then one per client actor; strategy PACK or SPREAD."""
+    cfg = RunConfig(**config[FEDERATION]["config"])
+    actor = {"CPU": cfg.cpus_per_actor, "GPU": cfg.gpus_per_actor}
+    return tune.PlacementGroupFactory([{"GPU": cfg.gpus_per_actor}, *[actor] * cfg.actors],
+                                      strategy=cfg.placement.upper())
+
+
+def _node_sizes() -> list[tuple[float, float]]:
+    return [(n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
+            for n in ray.nodes() if n["Alive"]]
+
+
+def fit_actors(plan: Plan, num_clients: Callable[[RunConfig], int], started_here: bool,
+               out: Callable[[str], None]) -> list[Federation]:
+    """The federations with their number of client actors set.
+
+    ``--actors`` if given, else an equal share of the cluster's CPUs (and GPUs, less the
+    driver's share for target evaluation) among the federations that run at once, at least
+    one, at most one per client. Where no node can host one client actor, or the cluster
+    cannot hold one whole federation, a Ray that raydg started is refused; an existing cluster
+    may yet scale up, so it only says what is missing."""
+    cfg = plan.config
+    total = ray.cluster_resources()
+    cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
+    at_once = min(len(plan.federations), cfg.max_concurrent or len(plan.federations))
+    share = math.floor(cpus / at_once / cfg.cpus_per_actor + 1e-9)
+    if cfg.gpus_per_actor:
+        share = min(share, math.floor(gpus / at_once / cfg.gpus_per_actor + 1e-9) - 1)
+    feds = []
+    for fed in plan.federations:
+        n = min(num_clients(fed.config), fed.config.actors or max(1, share))
+        feds.append(dataclasses.replace(fed, config=dataclasses.replace(fed.config, actors=n)))
+    largest = max(feds, key=lambda f: f.config.actors).config
+    sizes = _node_sizes()
+    problem = None
+    if not any(c >= cfg.cpus_per_actor and g >= cfg.gpus_per_actor for c, g in sizes):
+        problem = (f"no node can host a client actor of {cfg.cpus_per_actor:g} CPU and "
+                   f"{cfg.gpus_per_actor:g} GPU")
+    elif (largest.actors * cfg.cpus_per_actor > cpus + 1e-9
+          or (largest.actors + 1) * cfg.gpus_per_actor > gpus + 1e-9):
+        problem = (f"a federation of {largest.actors} actors needs "
+                   f"{largest.actors * cfg.cpus_per_actor:g} CPU and "
+                   f"{(largest.actors + 1) * cfg.gpus_per_actor:g} GPU")
+    if problem:
+        have = "; ".join(f"{c:g} CPU, {g:g} GPU" for c, g in sizes)
+        message = f"{problem}; the cluster's nodes have {have}"
+        if started_here:
+            raise RaydgError(f"{message} (see --cpus-per-actor, --gpus-per-actor, --actors)")
+        out(f"raydg: waiting for the cluster to scale up: {message}")
+    return feds
+
+
+def check_storage(storage: str) -> None:
+    """Refuse a storage location (local folder or pyarrow filesystem URI) that cannot be
+    written, before anything starts."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = pafs.FileSystem.from_uri(storage if "://" in storage else
+                                            Path(storage).as_uri())
+        probe = f"{path.rstrip('/')}/.raydg-write-test-{uuid.uuid4().hex}"
+        fs.create_dir(path.rstrip("/") or "/", recursive=True)
+        with fs.open_output_stream(probe) as f:
+            f.write(b"ok")
+        fs.delete_file(probe)
+    except (OSError, ValueError, RuntimeError) as err:  # pyarrow raises OSError subclasses
+        raise RaydgError(f"cannot write to --storage {storage}: {err}") from None
+
+
+class Progress:
+    """One line per finished round of a federation, with the experiment's time left: the wall
+    time per round since the first round ended (concurrency included, start-up excluded) times
+    the rounds left."""
+
+    def __init__(self, total_rounds: int, out: Callable[[str], None]) -> None:
+        self.total, self.done, self.out = total_rounds, 0, out
+        self.first = 0.0
+
+    def __call__(self, title: str, row: dict[str, float], rounds: int) -> None:
+        self.done += 1
+        now = time.perf_counter()
+        self.first = self.first or now
+        per_round = (now - self.first) / (self.done - 1) if self.done > 1 else row[
+            "round_seconds"]
+        eta = per_round * (self.total - self.done)
+        local = f" (local {100 * row['val_acc_local']:.1f}%)" if "val_acc_local" in row else ""
+        self.out(f"[{title}] round {int(row['round'])}/{rounds}  "
+                 f"loss {row['train_loss']:.3f}  val {100 * row['val_acc']:.1f}%{local}  "
+                 f"target {100 * row['target_acc']:.1f}%  {row['round_seconds']:.1f}s/round  "
+                 f"left {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}")
+
+
+class Collector(tune.Callback):
+    """Runs where ``Tuner.fit`` runs: logs every report to MLflow, prints progress, and loads
+    each finished federation's result from its last checkpoint."""
+
+    def __init__(self, feds: list[Federation], tracker: Tracker,
+                 out: Callable[[str], None]) -> None:
+        self.feds = {f.key: f for f in feds}
+        self.tracker, self.out = tracker, out
+        self.progress = Progress(sum(f.config.rounds for f in feds), out)
+        self.results: dict[str, FederationResult] = {}
+
+    def _fed(self, trial: Any) -> Federation:
+        return self.feds[trial.config[FEDERATION]["key"]]
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        fed = self._fed(trial)
+        self.tracker.start_child(fed.key, fed.config, fed.setting)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                        **info: Any) -> None:
+        fed, report = self._fed(trial), result["raydg"]
+        for message in report["messages"]:
+            self.out(f"[{fed.title()}] {message}")
+        if report["row"] is not None:
+            self.tracker.log_round(fed.key, report["row"])
+            self.progress(fed.title(), report["row"], fed.config.rounds)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        fed = self._fed(trial)
+        with trial.checkpoint.as_directory() as folder:
+            result = FederationResult.load(Path(folder))
+        self.tracker.log_result(fed.key, result)
+        self.results[fed.key] = result
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.tracker.end_child(self._fed(trial).key, "FAILED")
+
+
+def _spec(fed: Federation) -> dict[str, Any]:
+    return {"key": fed.key, "config": dataclasses.asdict(fed.config), "setting": fed.setting}
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    """The exception a trial's function raised, out of Tune's and Ray's wrappers."""
+    seen = set()
+    while id(err) not in seen:
+        seen.add(id(err))
+        inner = getattr(err, "cause", None) or err.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        err = inner
+    return err
+
+
+def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset,
+                    tracker: Tracker, out: Callable[[str], None]) -> list[FederationResult]:
+    """Run every federation as a Tune trial (as many at once as the cluster holds, at most
+    ``max_concurrent``); their results, in the order of ``feds``.
+
+    A failed trial stops the experiment: a user error (:class:`RaydgError`) is raised as such,
+    anything else as a ``RuntimeError`` that carries the trial's error. Ctrl-C stops every
+    trial (Tune's handler) and is raised as ``KeyboardInterrupt``."""
+    cfg = plan.config
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's old console path is silent at verbose=0
+    name = f"{cfg.dataset}-{cfg.label}-{time.strftime('%Y%m%d-%H%M%S')}-{tracker.run_id[:8]}"
+    collector = Collector(feds, tracker, out)
+    tuner = tune.Tuner(
+        tune.with_resources(tune.with_parameters(federation, data=data), trial_resources),
+        param_space={FEDERATION: tune.grid_search([_spec(f) for f in feds])},
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=cfg.max_concurrent, reuse_actors=True,
+            trial_name_creator=lambda t: t.config[FEDERATION]["key"],
+            trial_dirname_creator=lambda t: f"{t.config[FEDERATION]['key']}-{t.trial_id}"),
+        run_config=tune.RunConfig(
+            name=name, storage_path=cfg.storage, verbose=0, callbacks=[collector],
+            failure_config=tune.FailureConfig(fail_fast=True)))
+    out(f"raydg: {len(feds)} federations as Tune trials, results in {cfg.storage}/{name}")
+    grid = tuner.fit()
+    for result in grid:
+        if result.error is not None:
+            cause = _root_cause(result.error)
+            if isinstance(cause, RaydgError):
+                raise RaydgError(str(cause))
+            raise RuntimeError(f"a federation failed: {result.error}") from result.error
+    missing = [f.key for f in feds if f.key not in collector.results]
+    if missing:  # no error, yet unfinished: Tune's SIGINT handler stopped the trials
+        raise KeyboardInterrupt(f"stopped before {', '.join(missing)} finished")
+    return [collector.results[f.key] for f in feds]

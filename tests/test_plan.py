@@ -1,0 +1,130 @@
+"""Planning without Ray: search spaces, federations, hyper-parameter selection, stored results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from raydg.config import RunConfig, Search, parse_grid, parse_search, split_search
+from raydg.errors import RaydgError
+from raydg.plan import plan_experiment
+from raydg.results import FederationResult, select_settings
+
+
+def test_grid_is_every_combination_in_order():
+    search = parse_search({"lr": [0.01, 0.02], "options.mu": [0.1, 1, 10]})
+    assert search.settings() == [
+        {"lr": a, "options.mu": b} for a in (0.01, 0.02) for b in (0.1, 1, 10)]
+    assert Search().settings() == [{}]
+    assert parse_grid(["lr=0.01,0.02", "options.mu=[1]", "client_selection=false"]) == {
+        "lr": [0.01, 0.02], "options.mu": [1], "client_selection": [False]}
+
+
+def test_random_draws_are_seeded_in_range_and_crossed_with_the_grid():
+    spec = {"samples": 5, "seed": 3, "space": {"lr": {"loguniform": [0.001, 0.1]},
+                                               "local_steps": {"randint": [2, 4]},
+                                               "options.mu": {"choice": [0.1, 1.0]}}}
+    search = parse_search({"momentum": [0.0, 0.5]}, spec)
+    settings = search.settings()
+    assert len(settings) == 10
+    assert settings == parse_search({"momentum": [0.0, 0.5]}, spec).settings()  # seeded
+    draws = settings[:5]
+    assert [s["momentum"] for s in settings] == [0.0] * 5 + [0.5] * 5
+    for s, again in zip(draws, settings[5:], strict=True):  # the same draws for each grid point
+        assert {k: v for k, v in s.items() if k != "momentum"} == {
+            k: v for k, v in again.items() if k != "momentum"}
+    assert all(0.001 <= s["lr"] <= 0.1 and s["local_steps"] in (2, 3, 4)
+               and s["options.mu"] in (0.1, 1.0) for s in settings)
+    # the same draws as numpy's generator with that seed, in key order
+    rng = np.random.default_rng(3)
+    lr = float(np.exp(rng.uniform(np.log(0.001), np.log(0.1))))
+    assert draws[0]["lr"] == lr and draws[0]["local_steps"] == int(rng.integers(2, 5))
+
+
+BAD_SEARCHES = [
+    (({"colour": [1]},), "unknown config key 'colour'"),
+    (({"lr": []},), "non-empty list"),
+    (({"lr": 0.1},), "non-empty list"),
+    (({"seeds": [[1], [2]]},), "cannot vary 'seeds'"),
+    (({"dataset": ["pacs"]},), "cannot vary 'dataset'"),
+    (({}, {"samples": 0, "space": {"lr": {"uniform": [0, 1]}}}), "samples must be a positive"),
+    (({}, {"samples": 2, "space": {"lr": {"normal": [0, 1]}}}), "needs one of uniform"),
+    (({}, {"samples": 2, "space": {"lr": {"loguniform": [0, 1]}}}), "low > 0"),
+    (({}, {"samples": 2, "space": {}}), "random.space must map"),
+    (({"lr": [1]}, {"samples": 2, "space": {"lr": {"uniform": [0, 1]}}}), "both in the grid"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_SEARCHES)
+def test_bad_searches_are_refused(args, message):
+    with pytest.raises(RaydgError, match=message.replace("(", r"\(")):
+        parse_search(*args)
+
+
+def test_split_search_and_grid_values():
+    rest, search = split_search({"dataset": "digits-rot", "grid": {"lr": [0.1, 0.2]}})
+    assert rest == {"dataset": "digits-rot"} and search.grid == {"lr": [0.1, 0.2]}
+    with pytest.raises(RaydgError, match="--grid expects"):
+        parse_grid(["lr"])
+    with pytest.raises(RaydgError, match="non-empty list"):
+        parse_grid(["lr="])
+
+
+def test_plan_has_one_federation_per_setting_target_and_seed():
+    plan = plan_experiment(RunConfig(dataset="digits-style", seeds=[0, 1]),
+                           parse_search({"lr": [0.01, 0.02]}))
+    assert len(plan.federations) == 2 * 4 * 2
+    keys = [f.key for f in plan.federations]
+    assert len(set(keys)) == len(keys)
+    first = plan.federations[0]
+    assert (first.target, first.seed, first.config.lr, first.key) == (
+        "plain", 0, 0.01, "plain-s0-lr=0.01")
+    assert {f.config.lr for f in plan.federations[8:]} == {0.02}
+    assert all(f.config.seeds == [f.seed] and f.config.rounds == 10 for f in plan.federations)
+    with pytest.raises(RaydgError, match="rounds must be positive"):  # every setting resolved
+        plan_experiment(RunConfig(dataset="digits-style"), parse_search({"rounds": [2, 0]}))
+
+
+def _row(setting, target, seed, val, acc):
+    return {"method": "fedavg", "setting": setting, "target": target, "seed": seed,
+            "mode": "global", "selection": "selected", "val_acc": val, "accuracy": acc}
+
+
+def test_selection_takes_best_mean_source_validation_and_reports_the_oracle():
+    rows = [  # setting a: better validation on t1, worse target accuracy; b: the reverse on t2
+        _row("a", "t1", 0, 80, 40), _row("a", "t1", 1, 70, 42),
+        _row("b", "t1", 0, 60, 60), _row("b", "t1", 1, 70, 62),
+        _row("a", "t2", 0, 50, 30), _row("a", "t2", 1, 50, 34),
+        _row("b", "t2", 0, 55, 20), _row("b", "t2", 1, 55, 22),
+    ]
+    rows += [{**r, "selection": "last", "val_acc": 99} for r in rows]  # never used
+    sel = {r["target"]: r for r in select_settings(rows, ["t1", "t2"])}
+    assert sel["t1"]["setting"] == "a" and sel["t1"]["val_acc"] == 75
+    assert sel["t1"]["accuracy"] == 41 and sel["t1"]["accuracy_std"] == pytest.approx(
+        np.std([40, 42], ddof=1))
+    assert sel["t1"]["oracle_setting"] == "b" and sel["t1"]["oracle_accuracy"] == 61
+    assert sel["t2"]["setting"] == "b" and sel["t2"]["accuracy"] == 21
+    assert sel["t2"]["oracle_setting"] == "a"
+    per_seed = [np.mean([40, 20]), np.mean([42, 22])]  # seed s: a on t1, b on t2
+    assert sel["Avg"]["accuracy"] == pytest.approx(np.mean(per_seed))
+    assert sel["Avg"]["accuracy_std"] == pytest.approx(np.std(per_seed, ddof=1))
+
+
+def test_federation_result_round_trips_without_pickle(tmp_path):
+    result = FederationResult(
+        method="fedbn", target="sketch", seed=3,
+        history=[{"round": 1, "val_acc": 0.5, "target_acc": 0.25}],
+        selected_round=1, selected={"global": 0.25}, last={"global": 0.25},
+        oracle={"global": 0.25}, oracle_round={"global": 1},
+        global_state={"w": np.arange(6, dtype=np.float32).reshape(2, 3),
+                      "bn.num_batches_tracked": np.array(7)},
+        tables={"ledger": [{"round": 1, "client": 0, "bytes": 10}]},
+        plots={"ledger": ("line", "round", "bytes", "client")}, setting={"lr": 0.1})
+    result.save(tmp_path / "r")
+    back = FederationResult.load(tmp_path / "r")
+    assert back.global_state.keys() == result.global_state.keys()
+    for k, v in result.global_state.items():
+        np.testing.assert_array_equal(back.global_state[k], v)
+        assert back.global_state[k].dtype == v.dtype
+    back.global_state = result.global_state = {}
+    assert back == result

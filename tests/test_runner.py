@@ -1,0 +1,145 @@
+"""Federations as concurrent Tune trials: identical results, one MLflow writer, sweeps, refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import ray
+from mlflow import MlflowClient
+
+from raydg.config import RunConfig, parse_search
+from raydg.datasets import load_dataset
+from raydg.errors import RaydgError
+from raydg.experiment import run_experiment
+from raydg.runner import _root_cause
+from raydg.simulation import Simulation
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+TINY = {"dataset": "digits-style", "target": "sketch", "rounds": 2, "local_steps": 4,
+        "batch_size": 16, "val_every": 2, "seeds": [0, 1]}
+PLACEMENT_METRICS = {"round_seconds", "clients_moved"}  # the only layout-dependent metrics
+
+
+def _strip(history):
+    return [{k: v for k, v in r.items() if k not in PLACEMENT_METRICS} for r in history]
+
+
+def _assert_same(a, b):
+    assert (a.target, a.seed) == (b.target, b.seed)
+    assert a.global_state.keys() == b.global_state.keys()
+    for k in a.global_state:
+        np.testing.assert_array_equal(a.global_state[k], b.global_state[k], err_msg=k)
+    assert _strip(a.history) == _strip(b.history)
+    assert (a.selected_round, a.selected, a.last) == (b.selected_round, b.selected, b.last)
+
+
+@pytest.fixture(scope="module")
+def concurrent(tmp_path_factory):
+    """FedBN, 4 clients, 2 federations on 2 CPUs: by default both run at once, 1 actor each."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    cfg = RunConfig(**TINY, method="fedbn", clients=4, tracking_uri=uri)
+    lines: list[str] = []
+    return cfg, run_experiment(cfg, out=lines.append), lines
+
+
+def _actors(run) -> int:
+    return sum(r["role"] == "client" for r in run.tables["placement"])
+
+
+def test_concurrent_trials_equal_sequential_runs_whatever_the_layout(concurrent):
+    cfg, result, _ = concurrent
+    assert [_actors(r) for r in result.runs] == [1, 1]
+    data = load_dataset("digits-style", None, None)
+    for fed, run in zip(result.plan.federations, result.runs, strict=True):
+        alone = dataclasses.replace(fed.config, actors=2)  # in this process, no Tune, 2 actors
+        _assert_same(run, Simulation(alone, data, fed.target, fed.seed, log=print).run())
+    again = run_experiment(dataclasses.replace(
+        cfg, max_concurrent=1, actors=2, placement="spread",
+        tracking_uri=cfg.tracking_uri.replace("mlflow.db", "again.db")), out=lambda _: None)
+    assert [_actors(r) for r in again.runs] == [2, 2]
+    for a, b in zip(result.runs, again.runs, strict=True):
+        _assert_same(a, b)
+    assert again.summary == result.summary
+
+
+def test_one_mlflow_writer_keeps_every_round_of_concurrent_trials(concurrent):
+    cfg, result, lines = concurrent
+    client = MlflowClient(cfg.tracking_uri)
+    runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2
+    assert parents[0].info.run_id == result.run_id and parents[0].info.status == "FINISHED"
+    assert "avg/selected/global" in parents[0].data.metrics
+    seeds = sorted(int(c.data.tags["raydg.seed"]) for c in children)
+    assert seeds == [0, 1]
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mlflow.parentRunId"] == result.run_id
+        for metric in ("train_loss", "val_acc", "target_acc", "bytes_up", "bytes_down",
+                       "round_seconds", "target_acc/global"):
+            steps = [m.step for m in client.get_metric_history(child.info.run_id, metric)]
+            assert sorted(steps) == [1, 2], (metric, steps)
+        names = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert {"history.parquet", "ledger.parquet", "placement.csv"} <= names
+    # the two trials overlapped in time: they ran concurrently
+    first, second = sorted(children, key=lambda c: c.info.start_time)
+    assert second.info.start_time < first.info.end_time
+    # raydg's progress lines, not Tune's tables
+    assert sum("] round " in line for line in lines) == 4
+    assert sum("] placement: 4 clients on 1 actor " in line for line in lines) == 2
+    assert not any("Trial" in line or "╭" in line for line in lines)
+
+
+def test_sweep_selects_per_target_by_mean_source_validation(tmp_path):
+    cfg = RunConfig(**TINY, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    lines: list[str] = []
+    result = run_experiment(cfg, parse_search({"lr": [0.01, 0.2]}), out=lines.append)
+    assert [r.setting for r in result.runs] == [{"lr": 0.01}] * 2 + [{"lr": 0.2}] * 2
+    assert not np.array_equal(result.runs[0].global_state["classifier.weight"],
+                              result.runs[2].global_state["classifier.weight"])
+    # independently: the selected round's validation accuracy, averaged over seeds
+    val = {lr: np.mean([max(h["val_acc"] for h in r.history) for r in result.runs
+                        if r.setting["lr"] == lr]) for lr in (0.01, 0.2)}
+    target = {lr: [100 * r.selected["global"] for r in result.runs if r.setting["lr"] == lr]
+              for lr in (0.01, 0.2)}
+    best = max(val, key=val.get)
+    oracle = max(target, key=lambda lr: np.mean(target[lr]))
+    row = next(r for r in result.selection if r["target"] == "sketch")
+    assert row["setting"] == f"lr={best}" and row["val_acc"] == pytest.approx(100 * val[best])
+    assert row["accuracy"] == pytest.approx(np.mean(target[best]))
+    assert row["oracle_setting"] == f"lr={oracle}"
+    assert "Selected setting" in result.printed and f"lr={best}" in result.printed
+    client = MlflowClient(cfg.tracking_uri)
+    parent = client.get_run(result.run_id)
+    assert parent.data.metrics["avg/selected_hparams/fedavg/global"] == pytest.approx(
+        row["accuracy"])
+    assert "lr" in parent.data.params["search"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"cpus_per_actor": 100.0}, "no node can host a client actor of 100 CPU"),
+    ({"actors": 3}, "a federation of 3 actors needs 3 CPU"),
+    ({"gpus_per_actor": 1.0}, "no node can host a client actor of 1 CPU and 1 GPU"),
+])
+def test_resources_the_cluster_lacks_are_refused_before_any_trial(tmp_path, overrides,
+                                                                  message):
+    cfg = RunConfig(**TINY, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", **overrides)
+    with pytest.raises(RaydgError, match=message):
+        run_experiment(cfg, out=lambda _: None)
+
+
+def test_a_trials_user_error_is_found_under_rays_wrappers():
+    @ray.remote
+    def fail():
+        raise RaydgError("bad input inside a trial")
+
+    with pytest.raises(ray.exceptions.RayTaskError) as info:
+        ray.get(fail.remote())
+    wrapped = RuntimeError("Tune's wrapper")
+    wrapped.__cause__ = info.value
+    cause = _root_cause(wrapped)
+    assert isinstance(cause, RaydgError) and "bad input inside a trial" in str(cause)
