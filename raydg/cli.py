@@ -27,6 +27,9 @@ class Cli(click.Group):
         except RaydgError as err:
             click.echo(f"raydg: error: {err}", err=True)
             ctx.exit(2)
+        except KeyboardInterrupt as err:
+            click.echo(f"raydg: interrupted{f' ({err})' if str(err) else ''}", err=True)
+            ctx.exit(130)
 
 
 @click.group(cls=Cli)

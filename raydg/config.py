@@ -146,17 +146,25 @@ def parse_sets(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
     return out
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
+def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file's keys. ``extends: OTHER.yaml`` (relative to the file) loads that file
+    first; this file's keys override its keys, and ``options`` are merged key by key."""
     p = Path(path)
     if not p.is_file():
         raise RaydgError(f"config file {str(p)!r} does not exist")
+    if p.resolve() in _seen:
+        raise RaydgError(f"config file {str(p)!r} extends itself")
     try:
         data = yaml.safe_load(p.read_text()) or {}
     except yaml.YAMLError as err:
         raise RaydgError(f"config file {str(p)!r} is not valid YAML: {err}") from None
     if not isinstance(data, dict):
         raise RaydgError(f"config file {str(p)!r} must hold a mapping of config keys")
-    return data
+    if "extends" not in data:
+        return data
+    base = load_yaml(p.parent / str(data.pop("extends")), (*_seen, p.resolve()))
+    options = {**base.get("options", {}), **data.get("options", {})}
+    return {**base, **data, **({"options": options} if options else {})}
 
 
 # Keys a search may not vary: they name the experiment's data, targets, seeds, resources or store.
@@ -171,7 +179,8 @@ class Search:
     """A hyper-parameter search: every combination of the ``grid`` values, crossed with
     ``samples`` random draws from ``space`` (``{key: {distribution: [args]}}``, seeded by
     ``seed``; distributions: uniform [a, b], loguniform [a, b], randint [a, b] inclusive,
-    choice [values]).
+    choice [values]). A grid value that is a mapping sets several keys together, e.g.
+    ``method: [fedavg, {method: fedprox, options.mu: 0.1}]``.
 
     The draws are made here, once, not by Tune's samplers: DomainBed's selection compares a
     setting across seeds, so every (target, seed) federation of one setting must see the same
@@ -188,7 +197,8 @@ class Search:
 
     def settings(self) -> list[dict[str, Any]]:
         """Every setting of the searched keys, grid order first (``[{}]`` for no search)."""
-        grid = [dict(zip(self.grid, values, strict=True))
+        grid = [{k: v for key, value in zip(self.grid, values, strict=True)
+                 for k, v in (value.items() if isinstance(value, dict) else [(key, value)])}
                 for values in itertools.product(*self.grid.values())]
         if not self.samples:
             return grid
@@ -229,6 +239,17 @@ def _values(key: str, values: Any) -> list[Any]:
     return values
 
 
+def _grid_values(key: str, values: Any) -> list[Any]:
+    """A grid key's values; a mapping among them sets several keys and must set ``key``."""
+    for value in _values(key, values):
+        if isinstance(value, dict):
+            if key not in value:
+                raise RaydgError(f"grid value {value!r} of {key!r} must set {key!r} itself")
+            for k in value:
+                _search_key(k)
+    return values
+
+
 def _distribution(key: str, spec: Any) -> dict[str, list[Any]]:
     if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in DISTRIBUTIONS:
         raise RaydgError(f"random search key {key!r} needs one of {', '.join(DISTRIBUTIONS)}, "
@@ -249,7 +270,7 @@ def parse_search(grid: Any = None, random: Any = None) -> Search:
     """A :class:`Search` from a config file's ``grid:`` and ``random:`` sections, checked."""
     if grid is not None and not isinstance(grid, dict):
         raise RaydgError(f"'grid' must map config keys to lists of values, got {grid!r}")
-    search = Search(grid={_search_key(k): _values(k, v) for k, v in (grid or {}).items()})
+    search = Search(grid={_search_key(k): _grid_values(k, v) for k, v in (grid or {}).items()})
     if random is None:
         return search
     if not isinstance(random, dict) or set(random) - {"samples", "seed", "space"}:

@@ -59,17 +59,18 @@ def check_reachable(address: str) -> None:
 
 @contextlib.contextmanager
 def ray_session(cfg: RunConfig) -> Iterator[bool]:
-    """Use the running Ray session, join ``cfg.address`` (or ``RAY_ADDRESS``), or start a
-    local Ray (and finally stop what was started or joined). Yields whether no cluster was
-    named, i.e. whether the Ray in use is this machine's own."""
+    """Use the running Ray session, join ``cfg.address`` (or ``RAY_ADDRESS``; ``auto``: the
+    cluster that ``ray start`` started last on this machine), or start a local Ray (and finally
+    stop what was started or joined). Yields whether no cluster was named, i.e. whether the Ray
+    in use is this machine's own."""
     address = cfg.address or os.environ.get("RAY_ADDRESS")
+    if address and address != "auto":
+        check_reachable(address)
     if ray.is_initialized():
         yield address is None
         return
-    if address and address != "auto":
-        check_reachable(address)
-    try:
-        ray.init(address=cfg.address, include_dashboard=False, logging_level="ERROR",
+    try:  # "local": a fresh Ray, never a stale one that `ray start` left in /tmp/ray
+        ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR",
                  log_to_driver=True)
     except ConnectionError as err:
         raise RaydgError(f"cannot join a Ray cluster at {address}: {err}") from None
@@ -102,10 +103,10 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     check_federations(plan, data)
     check_storage(base.storage)
     sources = len(data.domains) - 1
-    with ray_session(base) as local, Tracker(base, plan.search) as tracker:
+    with ray_session(base) as local, Tracker(base, plan.search, plan.label) as tracker:
         feds = fit_actors(plan, lambda c: c.clients or sources, local, out)
         search = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
-        out(f"raydg: {base.label} on {base.dataset}, targets {plan.targets}, seeds "
+        out(f"raydg: {plan.label} on {base.dataset}, targets {plan.targets}, seeds "
             f"{base.seeds}{search}, {base.rounds} rounds x {base.local_steps} local steps; "
             f"MLflow run {tracker.run_id}")
         runs = run_federations(plan, feds, data, tracker, out)

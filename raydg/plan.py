@@ -145,6 +145,12 @@ class Plan:
     def targets(self) -> list[str]:
         return targets(self.config)
 
+    @property
+    def label(self) -> str:
+        """The method(s) as reported: ``fedbn``, or ``fedavg, fedprox`` for a search over
+        methods."""
+        return ", ".join(dict.fromkeys(f.config.label for f in self.federations))
+
 
 def plan_experiment(cfg: RunConfig, search: Search | None = None) -> Plan:
     """Resolve ``cfg`` and each setting of ``search``; one federation per (setting, target,

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from raydg.config import setting_label
 
 State = dict[str, np.ndarray]
+METHOD_KEYS = ("method", "augment")  # shown in the method column, not in the setting
 
 
 @dataclass
@@ -142,7 +143,8 @@ def long_rows(results: Sequence[FederationResult]) -> list[dict[str, Any]]:
                 "oracle": r.oracle_round[mode]}[sel]
 
     return [
-        {"method": r.method, "setting": setting_label(r.setting), "target": r.target,
+        {"method": r.method, "setting": setting_label(
+            {k: v for k, v in r.setting.items() if k not in METHOD_KEYS}), "target": r.target,
          "seed": r.seed, "mode": mode, "selection": sel, "round": round_of(r, sel, mode),
          "val_acc": 100.0 * r.history[round_of(r, sel, mode) - 1]["val_acc"],
          "accuracy": 100.0 * getattr(r, sel)[mode]}

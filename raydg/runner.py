@@ -44,8 +44,8 @@ def federation(config: dict[str, Any], data: MultiDomainDataset) -> None:
     """The Tune trainable: the driver of one federation, running in the trial's actor.
 
     Reports each round's metrics (``row``) with the progress messages logged since the last
-    report (``messages``), then the result, written by :meth:`FederationResult.save`, as the
-    checkpoint of a last report (``done``)."""
+    report (``messages``), then, in a last report without a row, the result, written by
+    :meth:`FederationResult.save`, as its checkpoint."""
     from raydg.simulation import Simulation
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # no line per checkpoint
@@ -223,7 +223,8 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
     trial (Tune's handler) and is raised as ``KeyboardInterrupt``."""
     cfg = plan.config
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's old console path is silent at verbose=0
-    name = f"{cfg.dataset}-{cfg.label}-{time.strftime('%Y%m%d-%H%M%S')}-{tracker.run_id[:8]}"
+    label = plan.label.replace(", ", "_")
+    name = f"{cfg.dataset}-{label}-{time.strftime('%Y%m%d-%H%M%S')}-{tracker.run_id[:8]}"
     collector = Collector(feds, tracker, out)
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(federation, data=data), trial_resources),

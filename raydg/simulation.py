@@ -63,12 +63,13 @@ class Simulation:
         self.ledger = Ledger()
         self.tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._has_local: set[int] = set()
-        self.pool = ClientPool(method, self.config, self.spec, data.mean, data.std, clients)
         test = data.domain(target)
-        # the target domain stays on the driver; evaluation runs in a thread beside the rounds
+        # the target domain stays on the driver (which checks its device before any actor
+        # starts); evaluation runs in a thread beside the rounds
         self.evaluator = Evaluator(copy.deepcopy(method), self.config, self.spec, data.mean,
                                    data.std, test.x, test.y)
         self._evaluation = ThreadPoolExecutor(1, thread_name_prefix="target-evaluation")
+        self.pool = ClientPool(method, self.config, self.spec, data.mean, data.std, clients)
 
     # ------------------------------------------------------------------ Server protocol
     def call_clients(self, phase: str, payload: Any = None, *, kind: str,

@@ -42,11 +42,13 @@ class Tracker:
     """Opens the parent run on entry and ends it on exit (``FINISHED``, ``FAILED``, or
     ``KILLED`` after Ctrl-C, with any child run still open); one child run per federation."""
 
-    def __init__(self, cfg: RunConfig, search: Search | None = None) -> None:
+    def __init__(self, cfg: RunConfig, search: Search | None = None,
+                 label: str | None = None) -> None:
+        """``label`` names the method(s) of the parent run (default ``cfg.label``)."""
         from mlflow import MlflowClient
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)
-        self.cfg, self.search = cfg, search or Search()
+        self.cfg, self.search, self.label = cfg, search or Search(), label or cfg.label
         self.client = MlflowClient(tracking_uri(cfg))
         name = cfg.experiment or cfg.dataset
         found = self.client.get_experiment_by_name(name)
@@ -56,7 +58,7 @@ class Tracker:
 
     def __enter__(self) -> Tracker:
         run = self.client.create_run(self.experiment_id, tags=self.tags(),
-                                     run_name=f"{self.cfg.label} {self.cfg.dataset}")
+                                     run_name=f"{self.label} {self.cfg.dataset}")
         self.run_id = run.info.run_id
         params = flat_params(self.cfg)
         if self.search:
@@ -73,7 +75,7 @@ class Tracker:
         self.client.set_terminated(self.run_id, status)
 
     def tags(self) -> dict[str, str]:
-        return {"raydg.method": self.cfg.label, "raydg.dataset": self.cfg.dataset}
+        return {"raydg.method": self.label, "raydg.dataset": self.cfg.dataset}
 
     def _params(self, run_id: str, params: dict[str, str]) -> None:
         from mlflow.entities import Param

@@ -74,7 +74,36 @@ BAD_INPUTS = [
     (["run", "pacs"], "needs its data"),
     (["run", "pacs", "--data-root", "/nonexistent/raydg"], "does not exist"),
     (["run", "digits-style", "--config", "/nonexistent.yaml"], "does not exist"),
+    (["run", "digits-style", "--address", "127.0.0.1:9"],
+     "cannot reach the Ray cluster at 127.0.0.1:9"),
+    (["run", "digits-style", "--address", "nowhere"], "is not 'auto' or HOST:PORT"),
+    (["run", "digits-style", "--storage", "/proc/raydg-results"], "cannot write to --storage"),
+    (["run", "digits-style", "--grid", "lr="], "needs a non-empty list of values"),
+    (["run", "digits-style", "--grid", "colour=1,2"], "unknown config key 'colour'"),
+    (["run", "digits-style", "--grid", "seeds=1,2"], "a search cannot vary 'seeds'"),
+    (["run", "digits-style", "--grid", "rounds=2,0"], "rounds must be positive"),
+    (["run", "digits-style", "--max-concurrent", "0"], "max_concurrent must be positive"),
 ]
+
+SWEEP_FILES = [
+    ("dataset: digits-style\ngrid: {colour: [1, 2]}\n", "unknown config key 'colour'"),
+    ("dataset: digits-style\ngrid: {lr: []}\n", "needs a non-empty list of values"),
+    ("dataset: digits-style\ngrid: {}\n", "defines no grid and no random search"),
+    ("dataset: digits-style\nrandom: {samples: 2, space: {lr: {normal: [0, 1]}}}\n",
+     "needs one of uniform"),
+    ("dataset: digits-style\ngrid: {method: [fedavg, {options.mu: 1}]}\n",
+     "must set 'method' itself"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), SWEEP_FILES)
+def test_bad_sweep_file_is_one_line_and_exit_code_2(tmp_path, text, message):
+    path = tmp_path / "sweep.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(cli, ["sweep", str(path)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
 
 
 @pytest.mark.parametrize(("args", "message"), BAD_INPUTS)

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from raydg.config import RunConfig, apply, load_yaml
+from raydg.config import RunConfig, apply, load_yaml, split_search
 from raydg.datasets import DATASETS
 from raydg.methods import method_class
-from raydg.plan import resolve
+from raydg.plan import plan_experiment, resolve
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 FILES = sorted(CONFIGS.glob("*.yaml"))
@@ -117,3 +117,34 @@ def test_paper_config_sets_its_training_protocol(path: Path):
     for key in ("seeds", "rounds", "local_steps", "lr", "momentum", "batch_size",
                 "val_fraction", "model"):
         assert key in raw, f"{path.name} must set {key}"
+
+
+SWEEPS = sorted(CONFIGS.glob("sweeps/*.yaml"))
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.name)
+def test_sweep_file_plans_every_setting(path: Path):
+    """A sweep file starts with a comment, defines a search, and every setting resolves."""
+    assert header(path), f"{path.name} must start with a comment saying what it searches"
+    values, search = split_search(load_yaml(path))
+    assert search, f"{path.name} defines no grid or random search"
+    plan = plan_experiment(apply(RunConfig(), values), search)
+    assert len(plan.settings) > 1
+    assert len(plan.federations) == len(plan.settings) * len(plan.targets) * len(
+        plan.config.seeds)
+    if "lambda" in path.stem:  # the FedFD-A lambda studies vary one weight, the other fixed
+        (key,) = search.grid
+        other = {"options.lambda1": "lambda2", "options.lambda2": "lambda1"}[key]
+        fixed = {f.config.options.get(other) for f in plan.federations}
+        assert fixed == {None}, f"{path.name} must keep {other} at the paper's default"
+
+
+def test_pacs_table_sweep_runs_the_table_methods_under_one_protocol():
+    values, search = split_search(load_yaml(CONFIGS / "sweeps" / "pacs-table.yaml"))
+    plan = plan_experiment(apply(RunConfig(), values), search)
+    methods = {f.config.method for f in plan.federations}
+    assert {"fedavg", "fedprox", "fedbn", "silobn", "fedfd", "fedfd-a"} <= methods
+    assert {(f.config.rounds, f.config.local_steps, f.config.lr) for f in plan.federations} == {
+        (40, 200, 0.01)}
+    assert {f.config.options.get("mu") for f in plan.federations
+            if f.config.method == "fedprox"} == {0.1}

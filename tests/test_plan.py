@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raydg.config import RunConfig, Search, parse_grid, parse_search, split_search
+from raydg.config import RunConfig, Search, load_yaml, parse_grid, parse_search, split_search
 from raydg.errors import RaydgError
 from raydg.plan import plan_experiment
 from raydg.results import FederationResult, select_settings
@@ -128,3 +128,24 @@ def test_federation_result_round_trips_without_pickle(tmp_path):
         assert back.global_state[k].dtype == v.dtype
     back.global_state = result.global_state = {}
     assert back == result
+
+
+def test_extends_merges_files_and_a_grid_value_may_set_several_keys(tmp_path):
+    (tmp_path / "base.yaml").write_text("dataset: digits-rot\nrounds: 7\noptions: {a: 1, b: 2}\n")
+    (tmp_path / "sweep.yaml").write_text(
+        "extends: base.yaml\nrounds: 3\noptions: {b: 3}\n"
+        "grid:\n  method: [fedbn, {method: fedprox, options.mu: 0.1}]\n  lr: [0.1, 0.2]\n")
+    values, search = split_search(load_yaml(tmp_path / "sweep.yaml"))
+    assert values == {"dataset": "digits-rot", "rounds": 3, "options": {"a": 1, "b": 3}}
+    assert search.settings() == [
+        {"method": "fedbn", "lr": 0.1}, {"method": "fedbn", "lr": 0.2},
+        {"method": "fedprox", "options.mu": 0.1, "lr": 0.1},
+        {"method": "fedprox", "options.mu": 0.1, "lr": 0.2}]
+    plan = plan_experiment(RunConfig(dataset="digits-style", target="sketch"), search)
+    assert [(f.config.method, f.config.options, f.config.lr) for f in plan.federations] == [
+        ("fedbn", {}, 0.1), ("fedbn", {}, 0.2), ("fedprox", {"mu": 0.1}, 0.1),
+        ("fedprox", {"mu": 0.1}, 0.2)]
+    assert plan.label == "fedbn, fedprox"
+    (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
+    with pytest.raises(RaydgError, match="extends itself"):
+        load_yaml(tmp_path / "loop.yaml")

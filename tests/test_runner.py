@@ -18,6 +18,15 @@ from raydg.simulation import Simulation
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
+
+@pytest.fixture(scope="module")
+def ray_session():
+    """2 CPUs and one GPU that Ray schedules but torch cannot see (a failing trial's cause)."""
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
 TINY = {"dataset": "digits-style", "target": "sketch", "rounds": 2, "local_steps": 4,
         "batch_size": 16, "val_every": 2, "seeds": [0, 1]}
 PLACEMENT_METRICS = {"round_seconds", "clients_moved"}  # the only layout-dependent metrics
@@ -123,13 +132,24 @@ def test_sweep_selects_per_target_by_mean_source_validation(tmp_path):
 @pytest.mark.parametrize(("overrides", "message"), [
     ({"cpus_per_actor": 100.0}, "no node can host a client actor of 100 CPU"),
     ({"actors": 3}, "a federation of 3 actors needs 3 CPU"),
-    ({"gpus_per_actor": 1.0}, "no node can host a client actor of 1 CPU and 1 GPU"),
+    ({"gpus_per_actor": 2.0}, "no node can host a client actor of 1 CPU and 2 GPU"),
+    ({"gpus_per_actor": 1.0}, "a federation of 1 actors needs 1 CPU and 2 GPU"),
 ])
 def test_resources_the_cluster_lacks_are_refused_before_any_trial(tmp_path, overrides,
                                                                   message):
     cfg = RunConfig(**TINY, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", **overrides)
     with pytest.raises(RaydgError, match=message):
         run_experiment(cfg, out=lambda _: None)
+
+
+def test_a_failing_trial_stops_the_experiment_with_its_error(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = RunConfig(**TINY, gpus_per_actor=0.5, tracking_uri=uri)  # Ray's GPU, torch sees none
+    with pytest.raises(RaydgError, match="sees no CUDA device"):
+        run_experiment(cfg, out=lambda _: None)
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
+    assert runs and {r.info.status for r in runs} == {"FAILED"}
 
 
 def test_a_trials_user_error_is_found_under_rays_wrappers():

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# gPerXAN Tables 1-3 (PACS, OfficeHome, Camelyon17): one job per table.
+# Usage: jobs/gperxan-tables.sh [--address ADDR] [raydg run options]
+set -euo pipefail
+for config in configs/gperxan-{pacs,officehome,camelyon17}.yaml; do
+  "$(dirname "$0")/submit.sh" run --config "$config" --gpus-per-actor 0.25 "$@"
+done
