@@ -62,8 +62,7 @@ class RunConfig:
     address: str | None = None  # Ray cluster address; None: a local Ray (or RAY_ADDRESS)
     max_concurrent: int | None = None  # federations at once; None: as many as the cluster holds
     placement: str = "pack"  # how a federation's actors spread over nodes: pack | spread
-    storage: str | None = None  # Tune's storage (directory or URI); None: $RAYDG_STORAGE or
-    # ./raydg-results
+    storage: str | None = None  # trials' results: folder or URI; None: $RAYDG_STORAGE or here
     # tracking
     tracking_uri: str | None = None
     experiment: str | None = None

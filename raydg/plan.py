@@ -165,14 +165,19 @@ def plan_experiment(cfg: RunConfig, search: Search | None = None) -> Plan:
         federations += [
             Federation(dataclasses.replace(resolved, target=t, seeds=[s]), setting)
             for t in targets(base) for s in base.seeds]
+    keys = [f.key for f in federations]
+    if len(set(keys)) < len(keys):
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        raise RaydgError(f"the search repeats a setting: {', '.join(twice[:3])}")
     return Plan(base, search, settings, federations)
 
 
 def check_federations(plan: Plan, data: MultiDomainDataset) -> None:
     """Refuse an impossible partition, or missing pretrained weights, before Ray starts."""
-    for fed in plan.federations:
-        c = fed.config
-        plan_clients(data, fed.target, c.clients, c.dirichlet, c.val_fraction, fed.seed)
+    partitions = {(f.target, f.seed, f.config.clients, f.config.dirichlet,
+                   f.config.val_fraction) for f in plan.federations}
+    for target, seed, clients, dirichlet, val_fraction in sorted(partitions, key=str):
+        plan_clients(data, target, clients, dirichlet, val_fraction, seed)
     starts = {(f.config.model, init_weights(f.config)): f.config for f in plan.federations}
     for c in starts.values():
         if init_weights(c) is not None:  # fetched (or found in the cache) once here

@@ -208,12 +208,14 @@ def _cell(mean: float, std: float, seeds: int) -> str:
 
 
 def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
-    """A plain-text table: the first column left-aligned, the others right-aligned."""
+    """A plain-text table: columns of numbers right-aligned, the others left-aligned."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    numeric = [all(not r[i] or r[i][0].isdigit() or r[i][0] == "-" for r in rows)
+               for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join([cells[0].ljust(widths[0]),
-                          *(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))])
+        return "  ".join(c.rjust(w) if num else c.ljust(w)
+                         for c, w, num in zip(cells, widths, numeric, strict=True)).rstrip()
 
     head = line(header)
     return "\n".join([title, head, "-" * len(head), *(line(r) for r in rows)])

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 from ray import tune
 
@@ -137,23 +138,40 @@ def check_storage(storage: str) -> None:
 
 
 class Progress:
-    """One line per finished round of a federation, with the experiment's time left: the wall
-    time per round since the first round ended (concurrency included, start-up excluded) times
-    the rounds left."""
+    """One line per finished round of a federation, with the experiment's time left.
 
-    def __init__(self, total_rounds: int, out: Callable[[str], None]) -> None:
-        self.total, self.done, self.out = total_rounds, 0, out
-        self.first = 0.0
+    The estimate is the work left over the federations running now: each running federation's
+    rounds left at the mean steady round time (rounds after the first), and each federation not
+    started yet at the mean start-up (trial start to first round, actors and round 1 included)
+    plus its other rounds."""
 
-    def __call__(self, title: str, row: dict[str, float], rounds: int) -> None:
-        self.done += 1
-        now = time.perf_counter()
-        self.first = self.first or now
-        per_round = (now - self.first) / (self.done - 1) if self.done > 1 else row[
-            "round_seconds"]
-        eta = per_round * (self.total - self.done)
+    def __init__(self, feds: list[Federation], out: Callable[[str], None]) -> None:
+        self.rounds = {f.key: f.config.rounds for f in feds}
+        self.done = dict.fromkeys(self.rounds, 0)
+        self.started: dict[str, float] = {}  # key -> when its trial started
+        self.startup: list[float] = []
+        self.steady: list[float] = []
+        self.out = out
+
+    def start(self, key: str) -> None:
+        self.started.setdefault(key, time.perf_counter())
+
+    def __call__(self, fed: Federation, row: dict[str, float]) -> None:
+        key = fed.key
+        self.done[key] += 1
+        if self.done[key] == 1:
+            now = time.perf_counter()
+            self.startup.append(now - self.started.get(key, now))
+        else:
+            self.steady.append(row["round_seconds"])
+        steady = float(np.mean(self.steady or [row["round_seconds"]]))
+        running = [k for k in self.started if self.done[k] < self.rounds[k]]
+        pending = [k for k in self.rounds if k not in self.started]
+        work = sum((self.rounds[k] - self.done[k]) * steady for k in running) + sum(
+            float(np.mean(self.startup)) + (self.rounds[k] - 1) * steady for k in pending)
+        eta = work / max(1, len(running))
         local = f" (local {100 * row['val_acc_local']:.1f}%)" if "val_acc_local" in row else ""
-        self.out(f"[{title}] round {int(row['round'])}/{rounds}  "
+        self.out(f"[{fed.title()}] round {int(row['round'])}/{self.rounds[key]}  "
                  f"loss {row['train_loss']:.3f}  val {100 * row['val_acc']:.1f}%{local}  "
                  f"target {100 * row['target_acc']:.1f}%  {row['round_seconds']:.1f}s/round  "
                  f"left {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}")
@@ -167,7 +185,7 @@ class Collector(tune.Callback):
                  out: Callable[[str], None]) -> None:
         self.feds = {f.key: f for f in feds}
         self.tracker, self.out = tracker, out
-        self.progress = Progress(sum(f.config.rounds for f in feds), out)
+        self.progress = Progress(feds, out)
         self.results: dict[str, FederationResult] = {}
 
     def _fed(self, trial: Any) -> Federation:
@@ -176,6 +194,7 @@ class Collector(tune.Callback):
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         fed = self._fed(trial)
         self.tracker.start_child(fed.key, fed.config, fed.setting)
+        self.progress.start(fed.key)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
                         **info: Any) -> None:
@@ -184,7 +203,7 @@ class Collector(tune.Callback):
             self.out(f"[{fed.title()}] {message}")
         if report["row"] is not None:
             self.tracker.log_round(fed.key, report["row"])
-            self.progress(fed.title(), report["row"], fed.config.rounds)
+            self.progress(fed, report["row"])
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         fed = self._fed(trial)

@@ -83,6 +83,8 @@ def test_plan_has_one_federation_per_setting_target_and_seed():
     assert all(f.config.seeds == [f.seed] and f.config.rounds == 10 for f in plan.federations)
     with pytest.raises(RaydgError, match="rounds must be positive"):  # every setting resolved
         plan_experiment(RunConfig(dataset="digits-style"), parse_search({"rounds": [2, 0]}))
+    with pytest.raises(RaydgError, match=r"repeats a setting: colour-inverted-s0-lr=0\.1"):
+        plan_experiment(RunConfig(dataset="digits-style"), parse_search({"lr": [0.1, 0.1]}))
 
 
 def _row(setting, target, seed, val, acc):

@@ -13,6 +13,7 @@ from raydg.config import RunConfig, parse_search
 from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.experiment import run_experiment
+from raydg.plan import plan_experiment
 from raydg.runner import _root_cause
 from raydg.simulation import Simulation
 
@@ -163,3 +164,24 @@ def test_a_trials_user_error_is_found_under_rays_wrappers():
     wrapped.__cause__ = info.value
     cause = _root_cause(wrapped)
     assert isinstance(cause, RaydgError) and "bad input inside a trial" in str(cause)
+
+
+def test_progress_estimates_the_work_left_over_the_running_federations(monkeypatch):
+    import raydg.runner as runner
+
+    clock = iter([0.0, 0.0, 12.0, 13.0])  # two trials start; their first rounds end at 12, 13 s
+    monkeypatch.setattr(runner.time, "perf_counter", lambda: next(clock))
+    plan = plan_experiment(RunConfig(dataset="digits-style", rounds=4, seeds=[0]))
+    lines: list[str] = []
+    progress = runner.Progress(plan.federations, lines.append)  # 4 federations x 4 rounds
+    a, b = plan.federations[:2]
+    progress.start(a.key)
+    progress.start(b.key)
+    row = {"round": 1, "train_loss": 1.0, "val_acc": 0.5, "target_acc": 0.25}
+    progress(a, {**row, "round_seconds": 3.0})  # start-up 12 s; no steady round yet: 3 s
+    assert lines[-1].endswith("left 0:00:31")  # (3 x 3 + 4 x 3 + 2 x (12 + 3 x 3)) / 2 = 31.5
+    progress(b, {**row, "round_seconds": 2.0})  # start-up 13 s
+    progress(b, {**row, "round": 2, "round_seconds": 1.0})  # b's round 2: steady 1 s
+    # left: a 3 rounds, b 2 rounds at 1 s; 2 federations pending at start-up 12.5 s + 3 rounds
+    assert lines[-1].endswith("left 0:00:18")  # (3 + 2 + 2 x (12.5 + 3)) / 2 running = 18 s
+    assert lines[-1].startswith(f"[{b.title()}] round 2/4")
