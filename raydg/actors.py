@@ -172,7 +172,8 @@ class ClientPool:
         return self._validating
 
     def phase(self, name: str, cids: list[int], payload_ref: Any, global_ref: Any,
-              rnd: int) -> dict[int, Any]:
+              rnd: int) -> dict[int, tuple[Any, int]]:
+        """``{client: (result, local steps)}`` of a client phase."""
         futures = {c: self.actors[self.home[c]].phase.remote(name, c, payload_ref, global_ref, rnd)
                    for c in cids}
         return dict(zip(futures, ray.get(list(futures.values())), strict=True))

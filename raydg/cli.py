@@ -50,6 +50,11 @@ RUN_OPTIONS = [
     click.option("--rounds", type=int, help="Communication rounds."),
     click.option("--local-steps", type=int, help="Local SGD steps per round."),
     click.option("--lr", type=float, help="Learning rate."),
+    click.option("--lr-schedule", type=click.Choice(["constant", "cosine"]),
+                 help="Learning rate over the rounds (default constant)."),
+    click.option("--equal-compute", metavar="METHOD",
+                 help="Add rounds that give this method's clients the local steps METHOD's "
+                      "setup takes (e.g. csac's acquisition)."),
     click.option("--batch-size", type=int, help="Local batch size."),
     click.option("--seed", "seeds", type=int, multiple=True,
                  help="Seed; repeat for several runs."),
@@ -58,7 +63,8 @@ RUN_OPTIONS = [
     click.option("--pretrained/--no-pretrained", default=None,
                  help="Start the ResNet from ImageNet weights (default: the dataset's protocol)."),
     click.option("--weights",
-                 help="State-dict file (torchvision format) to start the backbone from."),
+                 help="Start the backbone from a state-dict file (torchvision format for the "
+                      "ResNets) or from 'glyphs', raydg's offline pretraining."),
     click.option("--actors", type=int,
                  help="Client actors per federation (default: a share of the cluster)."),
     click.option("--cpus-per-actor", type=float, help="CPUs per client actor (default 1)."),

@@ -156,9 +156,11 @@ class ClientHost(Runtime):
                 acc = self.accuracy(self.model, data.val_x, data.val_y, mode)
                 if acc > best_acc:
                     best_acc, best_state = acc, st.to_numpy(self.model)
+        self.method.end_round(ctx)
         upload = best_state if best_state is not None else st.to_numpy(self.model)
         self.slots[cid].state.local = {k: upload[k] for k in self.local_keys}
-        metrics = {"train_loss": float(np.mean(losses)), "seconds": time.perf_counter() - start}
+        metrics = {"train_loss": float(np.mean(losses)), "seconds": time.perf_counter() - start,
+                   "steps": ctx.steps, **{k: float(np.mean(v)) for k, v in ctx.metrics.items()}}
         if select:
             metrics["local_val_acc"] = best_acc
         return Upload(cid, data.num_train, upload, metrics)
@@ -182,9 +184,12 @@ class ClientHost(Runtime):
                 st.load(self.model, global_state, local.keys())
         return out
 
-    def phase(self, name: str, cid: int, payload: Any, global_state: st.State, rnd: int) -> Any:
-        """Run the method's client phase ``name`` for client ``cid``."""
-        return self.method.client_phase(name, self._context(cid, rnd, global_state), payload)
+    def phase(self, name: str, cid: int, payload: Any, global_state: st.State,
+              rnd: int) -> tuple[Any, int]:
+        """Run the method's client phase ``name`` for client ``cid``: its result and the local
+        steps it took."""
+        ctx = self._context(cid, rnd, global_state)
+        return self.method.client_phase(name, ctx, payload), ctx.steps
 
 
 class Evaluator(Runtime):

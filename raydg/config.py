@@ -36,13 +36,16 @@ class RunConfig:
     rounds: int | None = None
     local_steps: int | None = None
     lr: float | None = None
+    lr_schedule: str = "constant"  # constant | cosine (annealed over the rounds)
     momentum: float | None = None
     weight_decay: float = 0.0
     batch_size: int | None = None
+    equal_compute: str | None = None  # a method: add rounds to match its setup steps
     # model selection and evaluation (FedFD-A §4.1 "Evaluation Protocols"; FedIG-A A.2)
     val_fraction: float = 0.1
     val_every: int = 20
-    client_selection: bool = True  # upload each client's best-validation weights of the round
+    # upload each client's best-validation weights of the round; None: the method's paper
+    client_selection: bool | None = None
     eval_local: bool = False  # in-federation accuracy with local statistics (FedIG-A A.7)
     eval_batch_size: int = 256
     # model and data
@@ -67,11 +70,9 @@ class RunConfig:
     tracking_uri: str | None = None
     experiment: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        """The method as reported: ``fedbn`` or, with an augmentation, ``fedbn+ccst``."""
-        return f"{self.method}+{self.augment}" if self.augment else self.method
+    # options for whichever method runs, by method name, e.g. {fedprox: {mu: 0.1}}: what lets
+    # one config serve a table's baselines; ``options`` override them
+    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def seed(self) -> int:
@@ -115,23 +116,33 @@ def _coerce(key: str, value: Any) -> Any:
 
 
 def apply(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
-    """Return ``cfg`` with ``values`` applied; ``options.x`` keys go into ``options``."""
+    """Return ``cfg`` with ``values`` applied; ``options.x`` keys go into ``options`` and
+    ``method_options.METHOD.x`` into that method's entry; mappings of either merge key by
+    key."""
     changes: dict[str, Any] = {}
     options = dict(cfg.options)
-    for key, value in values.items():
-        key = key.replace("-", "_")
-        if key.startswith("options."):
-            options[key.split(".", 1)[1]] = value
-        elif key == "options":
-            options.update(_coerce(key, value))
-        elif key in FIELDS:
+    by_method = {m: dict(o) for m, o in cfg.method_options.items()}
+    for raw, value in values.items():
+        field_name, dot, rest = raw.partition(".")
+        key = field_name.replace("-", "_")
+        if key == "options":
+            options.update({rest: value} if dot else _coerce(key, value))
+        elif key == "method_options":
+            method, _, option = rest.partition(".")
+            items = ({method: {option: value}} if option else {method: value} if dot
+                     else _coerce(key, value))
+            for m, o in items.items():
+                if not isinstance(o, dict):
+                    raise RaydgError(f"method_options.{m} must map option names to values")
+                by_method.setdefault(m, {}).update(o)
+        elif key in FIELDS and not dot:
             changes[key] = _coerce(key, value)
         else:
             raise RaydgError(
-                f"unknown config key {key!r}; valid keys: {', '.join(FIELDS)} "
-                "(method settings: options.NAME)"
+                f"unknown config key {raw!r}; valid keys: {', '.join(FIELDS)} "
+                "(method settings: options.NAME, method_options.METHOD.NAME)"
             )
-    return dataclasses.replace(cfg, **changes, options=options)
+    return dataclasses.replace(cfg, **changes, options=options, method_options=by_method)
 
 
 def parse_sets(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -162,8 +173,14 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if "extends" not in data:
         return data
     base = load_yaml(p.parent / str(data.pop("extends")), (*_seen, p.resolve()))
-    options = {**base.get("options", {}), **data.get("options", {})}
-    return {**base, **data, **({"options": options} if options else {})}
+    merged = {**base, **data}
+    if "options" in base and "options" in data:
+        merged["options"] = {**base["options"], **data["options"]}
+    if "method_options" in base and "method_options" in data:
+        methods = {**base["method_options"], **data["method_options"]}
+        merged["method_options"] = {m: {**base["method_options"].get(m, {}), **o}
+                                    for m, o in methods.items()}
+    return merged
 
 
 # Keys a search may not vary: they name the experiment's data, targets, seeds, resources or store.

@@ -17,6 +17,7 @@ from raydg.datasets import load_dataset
 from raydg.datasets.cache import cache_root
 from raydg.errors import RaydgError
 from raydg.plan import Plan, check_federations, plan_experiment
+from raydg.pretrain import starting_weights
 from raydg.results import (
     FederationResult,
     format_selection,
@@ -101,15 +102,16 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     data = load_dataset(base.dataset, base.data_root, base.image_size, base.skip_bad_images, out,
                         cache)
     check_federations(plan, data)
+    weights = starting_weights(plan, data, cache_root(base.cache_dir), out)
     check_storage(base.storage)
     sources = len(data.domains) - 1
-    with ray_session(base) as local, Tracker(base, plan.search, plan.label) as tracker:
+    with ray_session(base) as local, Tracker(base, plan.label, plan.search) as tracker:
         feds = fit_actors(plan, lambda c: c.clients or sources, local, out)
         search = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
         out(f"raydg: {plan.label} on {base.dataset}, targets {plan.targets}, seeds "
             f"{base.seeds}{search}, {base.rounds} rounds x {base.local_steps} local steps; "
             f"MLflow run {tracker.run_id}")
-        runs = run_federations(plan, feds, data, tracker, out)
+        runs = run_federations(plan, feds, data, weights, tracker, out)
         rows = long_rows(runs)
         summary = summary_rows(rows, plan.targets)
         printed = format_summary(summary, plan.targets, len(base.seeds))

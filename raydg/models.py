@@ -1,9 +1,11 @@
 """Backbones behind one interface: ``model.features(x)`` -> flat features, ``model.classifier``.
 
 The feature/classifier split is what FedFD-A (F_theta, C_phi), gPerXAN (g_i, h_g) and CSAC need.
-The ResNets can start from ImageNet weights (the papers' setting): torchvision's weights API
-(its standard cache, downloaded where there is internet) or a state-dict file the user gives,
-loaded with ``weights_only``. Only the driver loads them, into the initial global model.
+A backbone can start from a state dict of its ``features`` (torchvision's format for the ResNets,
+whose ``fc`` is ignored): ImageNet weights through torchvision's weights API (its standard cache,
+downloaded where there is internet), a file the user gives (loaded with ``weights_only``), or
+:mod:`raydg.pretrain`'s ``glyphs``. The experiment's process loads them once; only the initial
+global model is built with them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class ModelSpec:
     in_channels: int
     num_classes: int
     image_size: int
-    weights: str | None = None  # None: random init; "imagenet"; or a state-dict file
+    weights: dict[str, Tensor] | None = None  # the backbone's initial state; None: random
 
 
 class FeatureClassifier(nn.Module):
@@ -58,14 +60,18 @@ def small_cnn(spec: ModelSpec, width: int = 16) -> FeatureClassifier:
         *_conv_bn(spec.in_channels, w), nn.MaxPool2d(2), *_conv_bn(w, 2 * w), nn.MaxPool2d(2),
         *_conv_bn(2 * w, 4 * w), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
     )
+    if spec.weights is not None:
+        load_backbone(features, spec.weights)
     return FeatureClassifier(features, 4 * w, spec.num_classes)
 
 
-def imagenet_state(arch: str, enum: str) -> dict[str, Tensor]:
+def imagenet_weights(arch: str) -> dict[str, Tensor]:
     """torchvision's ImageNet weights of ``arch`` from its cache, downloading them if needed."""
     import torchvision
 
-    weights = getattr(torchvision.models, enum).IMAGENET1K_V1
+    if not has_pretrained(arch):
+        raise RaydgError(f"model {arch} has no ImageNet weights")
+    weights = getattr(torchvision.models, IMAGENET_WEIGHTS[arch.lower()]).IMAGENET1K_V1
     try:
         return weights.get_state_dict(progress=False, weights_only=True, map_location="cpu")
     except OSError as err:  # urllib's URLError is an OSError
@@ -75,8 +81,9 @@ def imagenet_state(arch: str, enum: str) -> dict[str, Tensor]:
                          "--no-pretrained") from None
 
 
-def file_state(path: str) -> dict[str, Tensor]:
+def file_state(path: str | Path) -> dict[str, Tensor]:
     """A state dict from a user's file, loaded with ``weights_only``."""
+    path = str(path)
     if not Path(path).is_file():
         raise RaydgError(f"weights file {path!r} does not exist")
     try:
@@ -88,34 +95,32 @@ def file_state(path: str) -> dict[str, Tensor]:
     return state
 
 
-def load_backbone(net: nn.Module, state: dict[str, Tensor], source: str) -> None:
-    """Load a torchvision-format state dict into ``net``; its ``fc`` (the ImageNet head) is
-    ignored. Missing keys or mismatched shapes are one clear error."""
+def load_backbone(net: nn.Module, state: dict[str, Tensor]) -> None:
+    """Load a backbone state dict into ``net``; an ``fc`` (the ImageNet head) is ignored.
+    Missing keys or mismatched shapes are one clear error."""
     own = {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")}
     missing = sorted(set(own) - set(state))
     bad = sorted(k for k in own if k in state and state[k].shape != own[k].shape)
     if missing or bad:
-        raise RaydgError(f"weights from {source} do not fit: missing {missing[:3]}, wrong "
+        raise RaydgError(f"the initial weights do not fit: missing {missing[:3]}, wrong "
                          f"shape {bad[:3]} ({len(missing)} missing, {len(bad)} mismatched)")
     net.load_state_dict({k: state[k] for k in own}, strict=False)
 
 
-def _resnet(arch: str, enum: str) -> Callable[[ModelSpec], FeatureClassifier]:
+def _resnet(arch: str) -> Callable[[ModelSpec], FeatureClassifier]:
     def build(spec: ModelSpec) -> FeatureClassifier:
         import torchvision
 
         net = getattr(torchvision.models, arch)(weights=None)
-        if spec.weights is not None:
-            if spec.in_channels != 3:
-                raise RaydgError(f"pretrained {arch} needs 3-channel images, not "
-                                 f"{spec.in_channels}; pass --no-pretrained")
-            state = (imagenet_state(arch, enum) if spec.weights == IMAGENET
-                     else file_state(spec.weights))
-            load_backbone(net, state, spec.weights)
-        elif spec.in_channels != 3:
+        if spec.weights is not None and spec.in_channels != 3:
+            raise RaydgError(f"pretrained {arch} needs 3-channel images, not "
+                             f"{spec.in_channels}; pass --no-pretrained")
+        if spec.in_channels != 3:
             net.conv1 = nn.Conv2d(spec.in_channels, 64, 7, 2, 3, bias=False)
         dim = net.fc.in_features
         net.fc = nn.Identity()
+        if spec.weights is not None:
+            load_backbone(net, spec.weights)
         return FeatureClassifier(net, dim, spec.num_classes)
 
     build.__doc__ = (f"torchvision {arch}, ImageNet weights or random init, its fc replaced by "
@@ -124,8 +129,8 @@ def _resnet(arch: str, enum: str) -> Callable[[ModelSpec], FeatureClassifier]:
 
 
 IMAGENET_WEIGHTS = {"resnet18": "ResNet18_Weights", "resnet50": "ResNet50_Weights"}
-for _arch, _enum in IMAGENET_WEIGHTS.items():
-    MODELS.register(_arch)(_resnet(_arch, _enum))
+for _arch in IMAGENET_WEIGHTS:
+    MODELS.register(_arch)(_resnet(_arch))
 
 
 def has_pretrained(name: str) -> bool:

@@ -10,6 +10,7 @@ bad input is refused before Ray starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,34 +19,54 @@ from typing import Any
 from raydg.config import RunConfig, Search, apply, setting_label
 from raydg.datasets import DATASETS, MultiDomainDataset
 from raydg.errors import RaydgError
-from raydg.methods import METHODS, method_class
-from raydg.models import IMAGENET, ModelSpec, build_model, has_pretrained
+from raydg.methods import METHODS, Method, method_class
+from raydg.models import IMAGENET, has_pretrained
 from raydg.partition import plan_clients
 from raydg.transforms import TRANSFORMS
 
+GLYPHS = "glyphs"  # the named pretraining of raydg.pretrain
+LR_SCHEDULES = ("constant", "cosine")
 STORAGE_ENV = "RAYDG_STORAGE"
 DEFAULT_STORAGE = "raydg-results"
 PLACEMENTS = ("pack", "spread")
 
 
+def _method_options(cfg: RunConfig) -> dict[str, Any]:
+    """The run's options: ``method_options`` of its method (and augmentation), then
+    ``options``; every entry of ``method_options`` is checked against its own method."""
+    for name, values in cfg.method_options.items():
+        _check(isinstance(values, dict), f"method_options.{name} must map option names to "
+                                         f"values, got {values!r}")
+        METHODS.get(name).parse_options(values)
+    by_name = {METHODS.get(k).name: v for k, v in cfg.method_options.items()}
+    names = [METHODS.get(cfg.method).name, *([METHODS.get(cfg.augment).name]
+                                             if cfg.augment else [])]
+    return {**{k: v for n in names for k, v in by_name.get(n, {}).items()}, **cfg.options}
+
+
 def resolve(cfg: RunConfig) -> RunConfig:
-    """Fill ``None`` training fields from the dataset's defaults and validate everything."""
+    """Fill ``None`` fields from the dataset's defaults (training) and the method's paper
+    (``client_selection``), merge ``method_options`` into ``options``, validate everything."""
     spec = DATASETS.get(cfg.dataset)
-    method_class(cfg.method, cfg.augment).parse_options(cfg.options)
+    options = _method_options(cfg)
+    cls = method_class(cfg.method, cfg.augment)
+    cls.parse_options(options)
     defaults = dataclasses.asdict(spec.defaults)
     filled = {k: v for k, v in defaults.items() if getattr(cfg, k) is None}
     augment = METHODS.get(cfg.augment).name if cfg.augment else None
     _check(cfg.weights is None or cfg.pretrained is not False,
            "--weights and --no-pretrained contradict each other")
-    asked = cfg.pretrained is True or cfg.weights is not None
+    selection = cls.client_selection if cfg.client_selection is None else cfg.client_selection
     cfg = dataclasses.replace(cfg, dataset=spec.name, method=METHODS.get(cfg.method).name,
-                              augment=augment, **filled)
-    if not has_pretrained(cfg.model):
-        _check(not asked, f"model {cfg.model} has no pretrained weights; drop --pretrained "
-                          "and --weights")
-        cfg = dataclasses.replace(cfg, pretrained=False)  # the dataset default does not apply
-    elif cfg.weights is not None:
+                              augment=augment, options=options, client_selection=selection,
+                              **filled)
+    if cfg.weights is not None:
         cfg = dataclasses.replace(cfg, pretrained=True)
+    elif not has_pretrained(cfg.model):
+        _check(cfg.pretrained is not True or "pretrained" in filled,
+               f"model {cfg.model} has no ImageNet weights; drop --pretrained, or pass "
+               f"--weights FILE or --weights {GLYPHS}")
+        cfg = dataclasses.replace(cfg, pretrained=False)  # the dataset default does not apply
     storage = cfg.storage or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
     if "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())
@@ -87,6 +108,8 @@ def validate(cfg: RunConfig) -> None:
            f"train_transform must be one of {', '.join(TRANSFORMS)}, got {cfg.train_transform!r}")
     _check(cfg.cpus_per_actor > 0, "cpus_per_actor must be positive")
     _check(cfg.gpus_per_actor >= 0, "gpus_per_actor must be >= 0")
+    _check(cfg.lr_schedule in LR_SCHEDULES,
+           f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {cfg.lr_schedule!r}")
     _check(cfg.max_concurrent is None or cfg.max_concurrent > 0,
            f"max_concurrent must be positive, got {cfg.max_concurrent}")
     _check(cfg.placement in PLACEMENTS,
@@ -94,10 +117,35 @@ def validate(cfg: RunConfig) -> None:
 
 
 def init_weights(cfg: RunConfig) -> str | None:
-    """What the initial global model starts from: None (random), ``imagenet`` or a file."""
+    """What the initial global model's backbone starts from: None (random), ``imagenet``, the
+    named pretraining ``glyphs`` (:mod:`raydg.pretrain`) or a state-dict file."""
     if not cfg.pretrained:
         return None
     return cfg.weights or IMAGENET
+
+
+def method_label(cfg: RunConfig, method: Method | None = None) -> str:
+    """The method as tables and MLflow report it: ``fedbn+ccst-pixel``, or
+    ``fedavg (steps of csac)`` with ``equal_compute``; ``method`` for an unregistered one."""
+    if method is None:
+        cls = method_class(cfg.method, cfg.augment)
+        label = cls.label(cls.parse_options(cfg.options))
+    else:
+        label = method.label(method.options)
+    return label + (f" (steps of {cfg.equal_compute})" if cfg.equal_compute else "")
+
+
+def _equal_compute(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the rounds that give its clients as many local steps as ``equal_compute``'s
+    setup phases add (e.g. CSAC's acquisition), on top of its own rounds."""
+    if cfg.equal_compute is None:
+        return cfg
+    other = METHODS.get(cfg.equal_compute)
+    options = other.parse_options(
+        {**cfg.method_options.get(other.name, {}),
+         **(cfg.options if other.name == cfg.method else {})})
+    extra = math.ceil(other.setup_steps(options, cfg) / cfg.local_steps)
+    return dataclasses.replace(cfg, equal_compute=other.name, rounds=cfg.rounds + extra)
 
 
 def targets(cfg: RunConfig) -> list[str]:
@@ -126,6 +174,10 @@ class Federation:
         label = setting_label(self.setting).replace(" ", "-").replace("/", "_")
         return "-".join(p for p in (self.target, f"s{self.seed}", label) if p)
 
+    @property
+    def label(self) -> str:
+        return method_label(self.config)
+
     def title(self) -> str:
         """How progress lines name it: ``sketch seed=0`` (``[lr=0.02]`` in a search)."""
         setting = setting_label(self.setting)
@@ -149,7 +201,7 @@ class Plan:
     def label(self) -> str:
         """The method(s) as reported: ``fedbn``, or ``fedavg, fedprox`` for a search over
         methods."""
-        return ", ".join(dict.fromkeys(f.config.label for f in self.federations))
+        return ", ".join(dict.fromkeys(f.label for f in self.federations))
 
 
 def plan_experiment(cfg: RunConfig, search: Search | None = None) -> Plan:
@@ -161,7 +213,7 @@ def plan_experiment(cfg: RunConfig, search: Search | None = None) -> Plan:
     settings = search.settings()
     federations = []
     for setting in settings:
-        resolved = resolve(apply(cfg, setting)) if setting else base
+        resolved = _equal_compute(resolve(apply(cfg, setting)) if setting else base)
         federations += [
             Federation(dataclasses.replace(resolved, target=t, seeds=[s]), setting)
             for t in targets(base) for s in base.seeds]
@@ -172,14 +224,14 @@ def plan_experiment(cfg: RunConfig, search: Search | None = None) -> Plan:
     return Plan(base, search, settings, federations)
 
 
+def weights_key(cfg: RunConfig) -> str:
+    """What a run's initial backbone depends on: model, source of its weights, image size."""
+    return f"{cfg.model}:{init_weights(cfg)}:{cfg.image_size}"
+
+
 def check_federations(plan: Plan, data: MultiDomainDataset) -> None:
-    """Refuse an impossible partition, or missing pretrained weights, before Ray starts."""
+    """Refuse an impossible partition before Ray starts."""
     partitions = {(f.target, f.seed, f.config.clients, f.config.dirichlet,
                    f.config.val_fraction) for f in plan.federations}
     for target, seed, clients, dirichlet, val_fraction in sorted(partitions, key=str):
         plan_clients(data, target, clients, dirichlet, val_fraction, seed)
-    starts = {(f.config.model, init_weights(f.config)): f.config for f in plan.federations}
-    for c in starts.values():
-        if init_weights(c) is not None:  # fetched (or found in the cache) once here
-            build_model(ModelSpec(c.model, data.channels, len(data.classes), c.image_size,
-                                  init_weights(c)))

@@ -135,9 +135,16 @@ def plot(rows: Sequence[dict[str, Any]], spec: tuple[str, ...], path: Path) -> N
     plt.close(fig)
 
 
+def steps_per_client(result: FederationResult) -> float:
+    """Local steps (minibatches) a client took over the whole run, setup phases included: the
+    compute a comparison must hold equal."""
+    return sum(r["steps"] for r in result.history) / len(result.tables["clients"])
+
+
 def long_rows(results: Sequence[FederationResult]) -> list[dict[str, Any]]:
     """One row per (federation, inference mode, selection): the round it selects, the mean
-    source-validation accuracy there and the target accuracy, both in percent."""
+    source-validation accuracy there and the target accuracy, both in percent, and the local
+    steps per client."""
     def round_of(r: FederationResult, sel: str, mode: str) -> int:
         return {"selected": r.selected_round, "last": len(r.history),
                 "oracle": r.oracle_round[mode]}[sel]
@@ -147,7 +154,7 @@ def long_rows(results: Sequence[FederationResult]) -> list[dict[str, Any]]:
             {k: v for k, v in r.setting.items() if k not in METHOD_KEYS}), "target": r.target,
          "seed": r.seed, "mode": mode, "selection": sel, "round": round_of(r, sel, mode),
          "val_acc": 100.0 * r.history[round_of(r, sel, mode) - 1]["val_acc"],
-         "accuracy": 100.0 * getattr(r, sel)[mode]}
+         "accuracy": 100.0 * getattr(r, sel)[mode], "steps": steps_per_client(r)}
         for r in results for sel in SELECTIONS for mode in r.selected
     ]
 
@@ -181,12 +188,14 @@ def summary_rows(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[st
             row[t], row[f"{t}_std"] = _mean_std([r["accuracy"] for r in mine if r["target"] == t])
         per_seed = [np.mean([r["accuracy"] for r in mine if r["seed"] == s]) for s in seeds]
         row["Avg"], row["Avg_std"] = _mean_std(per_seed)
+        row["steps"] = float(np.mean([r["steps"] for r in mine]))
         out.append(row)
     return out
 
 
 def format_summary(summary: list[dict[str, Any]], targets: list[str], seeds: int) -> str:
-    """Plain-text tables, one per selection rule: rows method (and mode), columns targets, Avg."""
+    """Plain-text tables, one per selection rule: rows method (and mode), columns targets, Avg
+    and the local steps per client (mean over the runs)."""
     cols = [*targets, "Avg"]
     blocks = []
     for sel, title in SELECTIONS.items():
@@ -196,10 +205,11 @@ def format_summary(summary: list[dict[str, Any]], targets: list[str], seeds: int
         modes = {r["mode"] for r in rows}
         names = [" ".join([r["method"], *([f"[{r['setting']}]"] if r["setting"] else []),
                            *([f"[{r['mode']}]"] if len(modes) > 1 else [])]) for r in rows]
-        cells = [[_cell(r[c], r[c + "_std"], seeds) for c in cols] for r in rows]
+        cells = [[*(_cell(r[c], r[c + "_std"], seeds) for c in cols), f"{r['steps']:.0f}"]
+                 for r in rows]
         blocks.append(_table(f"Accuracy (%) on the held-out domain, {title}, {seeds} seed(s)",
-                             ["Method", *cols], [[n, *c] for n, c in zip(names, cells,
-                                                                          strict=True)]))
+                             ["Method", *cols, "Steps/client"],
+                             [[n, *c] for n, c in zip(names, cells, strict=True)]))
     return "\n\n".join(blocks)
 
 

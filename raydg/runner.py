@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -30,23 +31,26 @@ from typing import Any
 import numpy as np
 import ray
 from ray import tune
+from torch import Tensor
 
 from raydg.config import RunConfig
 from raydg.datasets import MultiDomainDataset
 from raydg.errors import RaydgError
-from raydg.plan import Federation, Plan
+from raydg.plan import Federation, Plan, weights_key
 from raydg.results import FederationResult
 from raydg.tracking import Tracker
 
 FEDERATION = "federation"  # the trainable's name and its key in each trial's config
 
 
-def federation(config: dict[str, Any], data: MultiDomainDataset) -> None:
+def federation(config: dict[str, Any], data: MultiDomainDataset,
+               weights: dict[str, dict[str, Tensor]]) -> None:
     """The Tune trainable: the driver of one federation, running in the trial's actor.
 
     Reports each round's metrics (``row``) with the progress messages logged since the last
     report (``messages``), then, in a last report without a row, the result, written by
-    :meth:`FederationResult.save`, as its checkpoint."""
+    :meth:`FederationResult.save`, as its checkpoint. ``weights`` are the experiment's initial
+    backbones (:func:`~raydg.pretrain.starting_weights`)."""
     from raydg.simulation import Simulation
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # no line per checkpoint
@@ -58,7 +62,8 @@ def federation(config: dict[str, Any], data: MultiDomainDataset) -> None:
         sent, messages[:] = list(messages), []
         tune.report({"raydg": {"row": row, "messages": sent}}, **extra)
 
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=messages.append)
+    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=messages.append,
+                     weights=weights.get(weights_key(cfg)))
     result = sim.run(report)
     result.setting = spec["setting"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -193,7 +198,7 @@ class Collector(tune.Callback):
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         fed = self._fed(trial)
-        self.tracker.start_child(fed.key, fed.config, fed.setting)
+        self.tracker.start_child(fed.key, fed.config, fed.setting, fed.label)
         self.progress.start(fed.key)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
@@ -233,7 +238,8 @@ def _root_cause(err: BaseException) -> BaseException:
 
 
 def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset,
-                    tracker: Tracker, out: Callable[[str], None]) -> list[FederationResult]:
+                    weights: dict[str, dict[str, Tensor]], tracker: Tracker,
+                    out: Callable[[str], None]) -> list[FederationResult]:
     """Run every federation as a Tune trial (as many at once as the cluster holds, at most
     ``max_concurrent``); their results, in the order of ``feds``.
 
@@ -242,11 +248,12 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
     trial (Tune's handler) and is raised as ``KeyboardInterrupt``."""
     cfg = plan.config
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's old console path is silent at verbose=0
-    label = plan.label.replace(", ", "_")
+    label = re.sub(r"[^\w.+=-]+", "_", plan.label)
     name = f"{cfg.dataset}-{label}-{time.strftime('%Y%m%d-%H%M%S')}-{tracker.run_id[:8]}"
     collector = Collector(feds, tracker, out)
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(federation, data=data), trial_resources),
+        tune.with_resources(tune.with_parameters(federation, data=data, weights=weights),
+                            trial_resources),
         param_space={FEDERATION: tune.grid_search([_spec(f) for f in feds])},
         tune_config=tune.TuneConfig(
             max_concurrent_trials=cfg.max_concurrent, reuse_actors=True,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 import ray
 import torch
+from torch import Tensor
 
 from raydg import seeding
 from raydg import state as st
@@ -27,22 +29,31 @@ from raydg.actors import ClientPool, describe_placement
 from raydg.client import Evaluator, where
 from raydg.config import RunConfig, clients_per_round
 from raydg.datasets import MultiDomainDataset
+from raydg.datasets.cache import cache_root
 from raydg.ledger import DOWN, UP, Ledger, payload_nbytes
 from raydg.methods import Method, Upload, method_class
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
-from raydg.plan import init_weights
+from raydg.plan import init_weights, method_label
+from raydg.pretrain import initial_weights
 from raydg.results import FederationResult
+
+CLIENT_ONLY = ("seconds", "local_val_acc", "steps")  # per-client metrics, not round means
+COLLAPSE_ROUNDS = 3
 
 
 class Simulation:
     """Runs one (target, seed) federation; the ``Server`` that method hooks receive."""
 
     def __init__(self, cfg: RunConfig, data: MultiDomainDataset, target: str, seed: int,
-                 log: Callable[[str], None] = print, method: Method | None = None) -> None:
+                 log: Callable[[str], None] = print, method: Method | None = None,
+                 weights: dict[str, Tensor] | None = None) -> None:
         """``method`` defaults to the registered ``cfg.method`` with ``cfg.options``; passing an
-        instance runs a method that is not registered (e.g. one defined in a notebook)."""
+        instance runs a method that is not registered (e.g. one defined in a notebook).
+        ``weights`` is the backbone's initial state as the experiment loaded it (default: load
+        ``cfg``'s pretrained start here, if it has one)."""
         self.config = dataclasses.replace(cfg, target=target, seeds=[seed])
+        self.label = method_label(cfg, method)
         self.log = log
         clients = make_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed)
         self.client_ids = [c.client_id for c in clients]
@@ -54,15 +65,19 @@ class Simulation:
             method = method_cls(method_cls.parse_options(cfg.options))
         self.method = method
         torch.manual_seed(seeding.derive_seed(seed, seeding.MODEL_INIT))
-        # only the initial global model loads pretrained weights; actors build the architecture
-        model = self.method.build_model(dataclasses.replace(self.spec,
-                                                            weights=init_weights(cfg)))
+        if weights is None and init_weights(cfg) is not None:
+            weights = initial_weights(cfg, data.channels, data.mean, data.std,
+                                      cache_root(cfg.cache_dir), log)
+        # only the initial global model is built with pretrained weights; actors build the
+        # architecture and receive the global state
+        model = self.method.build_model(dataclasses.replace(self.spec, weights=weights))
         self.local_keys = self.method.local_keys(model)
         self.global_state = st.to_numpy(model)
         self.round = 0
         self.ledger = Ledger()
         self.tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._has_local: set[int] = set()
+        self._steps = 0  # local steps of client phases since the last round's row
         test = data.domain(target)
         # the target domain stays on the driver (which checks its device before any actor
         # starts); evaluation runs in a thread beside the rounds
@@ -78,8 +93,10 @@ class Simulation:
         cids = sorted(clients if clients is not None else self.client_ids)
         for c in cids:
             self._ledger_message(c, DOWN, kind, payload)
-        results = self.pool.phase(phase, cids, ray.put(payload), ray.put(self.global_state),
-                                  self.round)
+        done = self.pool.phase(phase, cids, ray.put(payload), ray.put(self.global_state),
+                               self.round)
+        results = {c: r for c, (r, _) in done.items()}
+        self._steps += sum(steps for _, steps in done.values())
         for c, r in results.items():
             self._ledger_message(c, UP, result_kind or kind, r)
         return results
@@ -157,6 +174,7 @@ class Simulation:
             row.update(self._finish_evaluation(futures))
             row["round_seconds"] = (end or time.perf_counter()) - start
             history.append(row)
+            self._warn_on_collapse(history)
             if on_round is not None:
                 on_round(row)
 
@@ -175,8 +193,7 @@ class Simulation:
                     self.record("client_rounds", {"client": u.client_id, **u.metrics})
                 self.global_state = self.method.aggregate(self, uploads)
                 global_ref = ray.put(self.global_state)
-                row: dict[str, float] = {"round": rnd, "train_loss": float(
-                    np.mean([u.metrics["train_loss"] for u in uploads]))}
+                row = self._training_metrics(rnd, uploads)
                 row.update(self.ledger.totals(rnd), clients_moved=self.pool.moved)
                 row.update(self.method.on_round_end(self))
                 futures = self._start_evaluation(global_ref)
@@ -192,6 +209,38 @@ class Simulation:
             self._evaluation.shutdown()
             self.pool.shutdown()
 
+    def _training_metrics(self, rnd: int, uploads: list[Upload]) -> dict[str, float]:
+        """The round's mean training loss, every value the method logged (mean over the
+        clients that logged it) and the local steps of all clients (client phases since the
+        last round included, e.g. CSAC's acquisition in round 1)."""
+        row: dict[str, float] = {"round": rnd}
+        logged = [k for k in dict.fromkeys(k for u in uploads for k in u.metrics)
+                  if k not in CLIENT_ONLY]
+        for k in logged:
+            row[k] = float(np.mean([u.metrics[k] for u in uploads if k in u.metrics]))
+        row["steps"] = self._steps + sum(int(u.metrics["steps"]) for u in uploads)
+        self._steps = 0
+        return row
+
+    def _warn_on_collapse(self, history: list[dict[str, float]]) -> None:
+        """Say so, once, when for ``COLLAPSE_ROUNDS`` rounds the training loss has stayed at
+        ln(C) (uniform predictions over C classes, within 2 %) and source validation below
+        twice chance, instead of finishing silently at chance."""
+        classes = self.spec.num_classes
+        chance = math.log(classes)
+        recent = history[-COLLAPSE_ROUNDS:]
+        if (len(recent) < COLLAPSE_ROUNDS or "collapse" in self.tables
+                or any(abs(r["train_loss"] - chance) > 0.02 * chance
+                       or r["val_acc"] >= 2 / classes for r in recent)):
+            return
+        message = (f"warning: the training loss has stayed at ln({self.spec.num_classes}) = "
+                   f"{chance:.3f} for {COLLAPSE_ROUNDS} rounds: the model predicts every class "
+                   "alike and learns nothing. " + (self.method.collapse_hint or
+                   "Likely a learning rate too high or a loss term that outweighs the "
+                   "cross-entropy."))
+        self.tables["collapse"].append({"round": int(recent[-1]["round"]), "message": message})
+        self.log(message)
+
     def _result(self, history: list[dict[str, float]]) -> FederationResult:
         best = max(history, key=lambda r: (r["val_acc"], -r["round"]))
         modes = [f"target_acc/{m}" for m in self.method.eval_modes]
@@ -200,7 +249,7 @@ class Simulation:
         tables["clients"] = [{"client": c, "domain": self.domains[c],
                               "train_samples": self.num_samples[c]} for c in self.client_ids]
         return FederationResult(
-            method=self.method.name, target=self.config.target, seed=self.config.seed,
+            method=self.label, target=self.config.target, seed=self.config.seed,
             history=history,
             selected_round=int(best["round"]),
             selected={m.split("/", 1)[1]: best[m] for m in modes},

@@ -42,13 +42,12 @@ class Tracker:
     """Opens the parent run on entry and ends it on exit (``FINISHED``, ``FAILED``, or
     ``KILLED`` after Ctrl-C, with any child run still open); one child run per federation."""
 
-    def __init__(self, cfg: RunConfig, search: Search | None = None,
-                 label: str | None = None) -> None:
-        """``label`` names the method(s) of the parent run (default ``cfg.label``)."""
+    def __init__(self, cfg: RunConfig, label: str, search: Search | None = None) -> None:
+        """``label`` names the method(s) of the parent run."""
         from mlflow import MlflowClient
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)
-        self.cfg, self.search, self.label = cfg, search or Search(), label or cfg.label
+        self.cfg, self.search, self.label = cfg, search or Search(), label
         self.client = MlflowClient(tracking_uri(cfg))
         name = cfg.experiment or cfg.dataset
         found = self.client.get_experiment_by_name(name)
@@ -84,16 +83,18 @@ class Tracker:
         for i in range(0, len(items), MAX_PARAMS):
             self.client.log_batch(run_id, params=items[i:i + MAX_PARAMS])
 
-    def start_child(self, key: str, cfg: RunConfig, setting: dict[str, Any]) -> None:
-        """Open the child run of federation ``key`` (once; a restarted trial keeps its run)."""
+    def start_child(self, key: str, cfg: RunConfig, setting: dict[str, Any],
+                    label: str) -> None:
+        """Open the child run of federation ``key`` (once; a restarted trial keeps its run);
+        ``label`` is its method as reported."""
         if key in self.children:
             return
-        label = setting_label(setting)
-        tags = {**self.tags(), "raydg.method": cfg.label, "mlflow.parentRunId": self.run_id,
+        searched = setting_label(setting)
+        tags = {**self.tags(), "raydg.method": label, "mlflow.parentRunId": self.run_id,
                 "raydg.target": cfg.target, "raydg.seed": str(cfg.seed)}
-        if label:
-            tags["raydg.setting"] = label
-        name = f"{cfg.target} seed={cfg.seed}" + (f" {label}" if label else "")
+        if searched:
+            tags["raydg.setting"] = searched
+        name = f"{cfg.target} seed={cfg.seed}" + (f" {searched}" if searched else "")
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         self.children[key] = run.info.run_id
         self.open.add(key)

@@ -6,15 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from raydg import state
 from raydg.client import ClientHost
 from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, method_class
-from raydg.methods.ccst import PixelCoder, StyleTransfer, VGGCoder, adain, augment
+from raydg.methods.ccst import PixelCoder, StyleTransfer, VGGCoder, _convs, adain, augment
 from raydg.models import ModelSpec
 from raydg.partition import ClientData, make_clients
+from raydg.plan import method_label
 from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 
@@ -38,6 +40,37 @@ def test_pixel_style_is_channel_mean_and_std_over_all_pixels():
     assert style.shape == (2, 3)
     np.testing.assert_allclose(style[:, 0], [0.5, 0.5])
     np.testing.assert_allclose(style[:, 1], [0.2, 0.0], atol=1e-12)
+
+
+class _SmallVGG(nn.Module):
+    """A VGG-shaped encoder (1x1 colour conv, reflection-padded 3x3 convs, max-pools), small."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Conv2d(3, 3, 1), *_convs(3, [8, "M", 16, 16, "M", 32]))
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+
+def test_overall_style_is_accumulated_batch_by_batch():
+    torch.manual_seed(0)
+    coder = _SmallVGG().eval()
+    seen: list[int] = []
+    coder.encoder.register_forward_hook(lambda _m, inputs, _o: seen.append(len(inputs[0])))
+    images = np.random.default_rng(0).integers(0, 256, (10, 3, 12, 12)).astype(np.uint8)
+    style = StyleTransfer(coder, torch.device("cpu"), None).style(images, batch=3)
+    assert seen == [3, 3, 3, 1]  # never all of the client's images at once
+    with torch.no_grad():  # Eq. (8) over every image at once, in numpy
+        f = coder.encode(torch.from_numpy(images / 255.0).float()).double().numpy()
+    np.testing.assert_allclose(style[0], f.mean(axis=(0, 2, 3)), rtol=1e-6)
+    np.testing.assert_allclose(style[1], f.std(axis=(0, 2, 3)), rtol=1e-5)
+
+
+def test_the_label_names_the_coder():
+    cls = method_class("fedbn", "ccst")
+    assert cls.label(cls.parse_options({})) == "fedbn+ccst-pixel"
+    assert METHODS.get("ccst").label(METHODS.get("ccst").Options(encoder="vgg")) == "ccst"
 
 
 def _client(cid: int, n: int = 5) -> ClientData:
@@ -98,7 +131,7 @@ def _augmented_host(name: str, k: int = 2):
     host = ClientHost(method, cfg, spec, data.mean, data.std, clients)
     torch.manual_seed(0)
     global_state = state.to_numpy(method.build_model(spec))
-    bank = {c.client_id: host.phase("style", c.client_id, None, global_state, 0)
+    bank = {c.client_id: host.phase("style", c.client_id, None, global_state, 0)[0]
             for c in clients}
     host.phase("augment", 0, bank, global_state, 0)
     return host, clients, global_state
@@ -178,10 +211,11 @@ def test_augment_composes_with_other_methods_and_refuses_non_augmentations():
 def test_augment_ccst_runs_with_fedbn_on_ray(ray_session):
     cfg = tiny_config(method="fedbn", augment="ccst", rounds=1, local_steps=2,
                       options={"k": 2})
-    assert cfg.label == "fedbn+ccst"
+    assert method_label(cfg) == "fedbn+ccst-pixel"  # the pixel coder is never called ccst
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
     result = sim.run()
+    assert result.method == "fedbn+ccst-pixel"
     kinds = {(r["round"], r["kind"]) for r in result.tables["ledger"]}
     assert {(0, "style_vectors"), (0, "style_bank"), (1, "parameters")} <= kinds
     bn = {k for k in result.global_state if "running_mean" in k}
@@ -208,8 +242,8 @@ def test_the_base_methods_own_phases_see_the_augmented_data():
     spec = ModelSpec(cfg.model, 3, 10, cfg.image_size)
     host = ClientHost(method, cfg, spec, data.mean, data.std, clients)
     global_state = state.to_numpy(method.build_model(spec))
-    assert host.phase("count", 0, None, global_state, 0) == clients[0].num_train
-    bank = {c.client_id: host.phase("style", c.client_id, None, global_state, 0)
+    assert host.phase("count", 0, None, global_state, 0)[0] == clients[0].num_train
+    bank = {c.client_id: host.phase("style", c.client_id, None, global_state, 0)[0]
             for c in clients}
     host.phase("augment", 0, bank, global_state, 0)
-    assert host.phase("count", 0, None, global_state, 0) == 2 * clients[0].num_train
+    assert host.phase("count", 0, None, global_state, 0)[0] == 2 * clients[0].num_train

@@ -15,6 +15,7 @@ from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
 from raydg.methods.csac import (
+    CSAC,
     alignment_loss,
     attention_weights,
     divergence_weights,
@@ -153,8 +154,9 @@ def _host(**options):
     torch.manual_seed(0)
     init = state.to_numpy(method.build_model(spec))
     host = ClientHost(method, cfg, spec, data.mean, data.std, clients)
-    acquired = {c.client_id: host.phase("acquire", c.client_id, init, init, 0) for c in clients}
-    return host, method, init, acquired
+    done = {c.client_id: host.phase("acquire", c.client_id, init, init, 0) for c in clients}
+    assert {steps for _, steps in done.values()} == {method.options.acquire_steps}  # counted
+    return host, method, init, {c: result for c, (result, _) in done.items()}
 
 
 def test_local_model_is_frozen_after_acquisition():
@@ -239,3 +241,25 @@ def test_a_csac_run_exchanges_only_model_state_and_logs_weights(ray_session, tmp
     assert spec[-1] == "layer"  # one panel per layer, one line per client
     plot(weights, spec, tmp_path / "w.png")
     assert (tmp_path / "w.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_acquisition_length_follows_the_authors_epochs():
+    cfg = tiny_config(local_steps=20)
+    # reference notes: 30 epochs x 60 iterations of acquisition, 10 (5 on Rotated MNIST)
+    # epochs x 20 iterations of calibration per round, which local_steps stands for
+    assert CSAC.setup_steps(_method().options, cfg) == 20 * 30 * 60 // (10 * 20)
+    assert CSAC.setup_steps(_method(calibration_epochs=5).options, cfg) == 20 * 30 * 60 // 100
+    assert CSAC.setup_steps(_method(acquire_steps=7).options, cfg) == 7
+
+
+def test_frozen_local_projection_keeps_its_weights_and_the_alignment_is_logged():
+    host, _, _, acquired = _host(freeze_local_projection=True)
+    fused, _ = semantic_aggregate([acquired[0], acquired[1]], "l2")
+    upload = host.train(0, fused, 1)
+    local = [k for k in fused if k.startswith("calibration.local.")]
+    own = [k for k in fused if k.startswith("calibration.fused.") and k.endswith("weight")]
+    assert local and all(np.array_equal(upload.state[k], fused[k]) for k in local)
+    assert any(not np.array_equal(upload.state[k], fused[k]) for k in own)
+    assert upload.metrics["csac/alignment"] > 0 and upload.metrics["csac/ce"] > 0
+    trained = _host()[0].train(0, fused, 1)  # by default both projections train
+    assert any(not np.array_equal(trained.state[k], fused[k]) for k in local)

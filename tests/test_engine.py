@@ -7,12 +7,14 @@ import sys
 import numpy as np
 import pytest
 import ray
+import torch
 
 from raydg import seeding, state
 from raydg.actors import balanced_groups
 from raydg.datasets import load_dataset
 from raydg.methods import Method
 from raydg.partition import make_clients, plan_clients
+from raydg.results import steps_per_client
 from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 
@@ -146,3 +148,65 @@ def test_one_off_exchange_through_client_phases_is_ledgered():
         | {(c, "up", "label_sums", 8) for c in sums}
         | {(c, "down", "style_bank", 8 * 4) for c in sums}
         | {(c, "up", "style_bank", 0) for c in sums})
+
+
+class _Logging(Method):
+    """Logs its client id every step and draws two minibatches in a setup phase."""
+
+    name = "test-logging"
+
+    def loss(self, ctx, x, y):
+        ctx.log("test/client", ctx.client_id)
+        return super().loss(ctx, x, y)
+
+    def client_phase(self, phase, ctx, payload):
+        batches = ctx.batches()
+        next(batches), next(batches)
+
+    def setup(self, server):
+        server.call_clients("warm", kind="request")
+
+
+class _Uniform(Method):
+    """A classifier fixed at zero: every prediction is uniform, the loss is ln(10)."""
+
+    name = "test-uniform"
+
+    def build_model(self, spec):
+        model = super().build_model(spec)
+        with torch.no_grad():
+            model.classifier.weight.zero_()
+            model.classifier.bias.zero_()
+        return model
+
+    def train_step(self, ctx, x, y):
+        return float(torch.nn.functional.cross_entropy(ctx.model(x), y))  # never updates
+
+
+def test_logged_values_and_local_steps_become_round_metrics():
+    cfg = tiny_config(clients=4, sample=2, rounds=2, local_steps=4)
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    result = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None,
+                        method=_Logging()).run()
+    for row in result.history:
+        sampled = {r["client"] for r in result.tables["ledger"]
+                   if r["round"] == row["round"] and r["kind"] == "parameters"}
+        assert row["test/client"] == np.mean(sorted(sampled))  # mean over clients' means
+    # round 1 also counts the setup phase: 4 clients x 2 batches; then 2 clients x 4 steps
+    assert [row["steps"] for row in result.history] == [4 * 2 + 2 * 4, 2 * 4]
+    assert steps_per_client(result) == (8 + 8 + 8) / 4
+    assert {r["steps"] for r in result.tables["client_rounds"]} == {4}
+
+
+def test_a_run_stuck_at_chance_says_so_once():
+    cfg = tiny_config(rounds=4)
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    lines: list[str] = []
+    result = Simulation(cfg, data, cfg.target, cfg.seed, log=lines.append,
+                        method=_Uniform()).run()
+    assert all(r["train_loss"] == pytest.approx(np.log(10), rel=1e-6) for r in result.history)
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert len(warnings) == 1 and "ln(10) = 2.303 for 3 rounds" in warnings[0]
+    assert result.tables["collapse"][0]["round"] == 3
+    _, learning = _run(rounds=3)  # a run that learns is not flagged
+    assert "collapse" not in learning.tables

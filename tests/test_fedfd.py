@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -121,7 +123,7 @@ def test_client_agnostic_losses_match_their_equations():
 def test_total_loss_weights(options, weights):
     method = _fedfd(**options)
     model = _model(method).train()
-    ctx = type("Ctx", (), {"model": model})()
+    ctx = SimpleNamespace(model=model, round=1, log=lambda *_: None)
     x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
     torch.manual_seed(3)
     total = method.loss(ctx, x, y).item()
@@ -135,7 +137,7 @@ def test_cacl_updates_only_the_classifier():
     method = _fedfd(losses="cacl", lambda1=1.0)  # loss = 0*CE + CACL
     model = _model(method).train()
     x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
-    ctx = type("Ctx", (), {"model": model})()
+    ctx = SimpleNamespace(model=model, round=1, log=lambda *_: None)
     method.loss(ctx, x, y).backward()
     assert all(p.grad is None or not p.grad.any() for p in model.features.parameters())
     assert model.classifier.weight.grad.abs().sum() > 0
@@ -167,12 +169,12 @@ def test_adapter_alpha_range_mean_and_inference():
     np.testing.assert_array_equal(test_alpha.numpy(), eps.clamp(0, 1).numpy())  # T(eps)
 
 
-def _host(method_name):
-    cfg = tiny_config(method=method_name, local_steps=3)
+def _host(method_name, **options):
+    cfg = tiny_config(method=method_name, local_steps=3, options=options)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)
     spec = ModelSpec(cfg.model, data.channels, 10, cfg.image_size)
-    method = METHODS.get(method_name)()
+    method = _fedfd(method_name, **options)
     return ClientHost(method, cfg, spec, data.mean, data.std, clients), method, spec
 
 
@@ -298,3 +300,63 @@ def test_alpha_analysis_reports_clamped_eps_per_layer_and_image(eps_bias, expect
 
     plot(rows, ("box", "layer", "alpha"), tmp_path / "alpha.png")
     assert (tmp_path / "alpha.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cafl_mean_reduction_averages_over_the_feature_dimensions():
+    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    cafl = {}
+    for reduction in ("sum", "mean"):
+        method = _fedfd(cafl_reduction=reduction)
+        model = _model(method).train()
+        torch.manual_seed(7)
+        cafl[reduction] = method.client_agnostic_losses(model, x, y)["cafl"].item()
+    dims = model.features(x).shape[1]
+    assert cafl["mean"] == pytest.approx(cafl["sum"] / dims, rel=1e-5)
+
+
+def test_warmup_rounds_train_the_base_framework_alone():
+    host, method, spec = _host("fedfd-a", warmup_rounds=1)
+    torch.manual_seed(0)
+    global_state = state.to_numpy(method.build_model(spec))
+    for rnd, warming in ((1, True), (2, False)):
+        ctx = host._context(0, rnd, global_state)
+        method.start_round(ctx)
+        x, y = next(ctx.batches())
+        ce = torch.nn.functional.cross_entropy(ctx.model(x), y).item()
+        assert (method.loss(ctx, x, y).item() == pytest.approx(ce, rel=1e-6)) == warming
+        _, adapters = method.split_params(ctx.model)
+        snap = [p.detach().clone() for p in adapters]
+        method.train_step(ctx, x, y)
+        moved = any(not torch.equal(p, s) for p, s in zip(adapters, snap, strict=True))
+        assert moved != warming, rnd
+        assert ("fedfd/cafl" in ctx.metrics) != warming  # the decoupling losses are logged
+
+
+def test_client_validation_normalises_with_the_rounds_global_statistics():
+    host, method, spec = _host("fedfd-a")
+    torch.manual_seed(0)
+    global_state = state.to_numpy(method.build_model(spec))
+    ctx = host._context(0, 1, global_state)
+    method.start_round(ctx)
+    batches = ctx.batches()
+    for _ in range(3):  # batch-mode training moves the model's own running statistics
+        method.train_step(ctx, *next(batches))
+    x = ctx.inputs(ctx.data.val_x)
+    ctx.model.eval()
+
+    def predicted(reference):
+        set_reference(ctx.model, reference)
+        with torch.no_grad():
+            return method.predict(ctx.model, x, "fixed")
+
+    set_reference(ctx.model, global_state)  # as start_round left it: the client's validation
+    with torch.no_grad():
+        during = method.predict(ctx.model, x, "fixed")
+    assert torch.equal(during, predicted(global_state))
+    assert not torch.allclose(during, predicted(None))  # not the model's own statistics
+    set_reference(ctx.model, global_state)
+    method.end_round(ctx)
+    with torch.no_grad():
+        assert torch.equal(method.predict(ctx.model, x, "fixed"), predicted(None))
+    host.train(1, global_state, 1)  # a whole round ends with the reference cleared
+    assert all(m.reference is None for _, m in mix_layers(host.model))

@@ -10,7 +10,7 @@ import torchvision
 
 from raydg.config import RunConfig
 from raydg.errors import RaydgError
-from raydg.models import ModelSpec, build_model
+from raydg.models import ModelSpec, build_model, file_state, imagenet_weights
 from raydg.plan import init_weights, resolve
 
 
@@ -27,7 +27,7 @@ def _offline(*_args, **_kwargs):
 
 def test_weights_file_initialises_the_backbone(tmp_path):
     state = _saved_resnet18(tmp_path / "r18.pth")
-    model = build_model(ModelSpec("resnet18", 3, 7, 32, weights=str(tmp_path / "r18.pth")))
+    model = build_model(ModelSpec("resnet18", 3, 7, 32, weights=file_state(tmp_path / "r18.pth")))
     assert torch.equal(model.features.conv1.weight, state["conv1.weight"])
     assert torch.equal(model.features.layer4[1].bn2.running_var, state["layer4.1.bn2.running_var"])
     assert model.classifier.out_features == 7  # the ImageNet head is not used
@@ -36,20 +36,19 @@ def test_weights_file_initialises_the_backbone(tmp_path):
 
 
 def test_bad_weight_files_are_one_clear_error(tmp_path):
-    spec = ModelSpec("resnet50", 3, 7, 32, weights=str(tmp_path / "r18.pth"))
-    _saved_resnet18(tmp_path / "r18.pth")
+    r18 = _saved_resnet18(tmp_path / "r18.pth")
     with pytest.raises(RaydgError, match="do not fit"):
-        build_model(spec)
+        build_model(ModelSpec("resnet50", 3, 7, 32, weights=r18))
     with pytest.raises(RaydgError, match="does not exist"):
-        build_model(ModelSpec("resnet18", 3, 7, 32, weights=str(tmp_path / "none.pth")))
+        file_state(tmp_path / "none.pth")
     torch.save(torch.zeros(3), tmp_path / "tensor.pth")
     with pytest.raises(RaydgError, match="not a state dict"):
-        build_model(ModelSpec("resnet18", 3, 7, 32, weights=str(tmp_path / "tensor.pth")))
+        file_state(tmp_path / "tensor.pth")
     torch.save({"cls": RunConfig}, tmp_path / "pickled.pth")  # arbitrary pickle: refused
     with pytest.raises(RaydgError, match="cannot load"):
-        build_model(ModelSpec("resnet18", 3, 7, 32, weights=str(tmp_path / "pickled.pth")))
+        file_state(tmp_path / "pickled.pth")
     with pytest.raises(RaydgError, match="3-channel"):
-        build_model(ModelSpec("resnet18", 1, 7, 32, weights=str(tmp_path / "r18.pth")))
+        build_model(ModelSpec("resnet18", 1, 7, 32, weights=r18))
 
 
 def test_imagenet_weights_come_from_torch_cache_or_fail_clearly(tmp_path, monkeypatch):
@@ -59,10 +58,12 @@ def test_imagenet_weights_come_from_torch_cache_or_fail_clearly(tmp_path, monkey
 
     monkeypatch.setattr(torch.hub, "urlopen", _offline)
     with pytest.raises(RaydgError, match=r"--weights FILE or --no-pretrained"):
-        build_model(ModelSpec("resnet18", 3, 7, 32, weights="imagenet"))
+        imagenet_weights("resnet18")
     state = _saved_resnet18(cache / "resnet18-f37072fd.pth")
-    model = build_model(ModelSpec("resnet18", 3, 7, 32, weights="imagenet"))
+    model = build_model(ModelSpec("resnet18", 3, 7, 32, weights=imagenet_weights("resnet18")))
     assert torch.equal(model.features.conv1.weight, state["conv1.weight"])
+    with pytest.raises(RaydgError, match="cnn has no ImageNet weights"):
+        imagenet_weights("cnn")
 
 
 def test_pretrained_follows_the_dataset_and_the_model():
@@ -73,7 +74,9 @@ def test_pretrained_follows_the_dataset_and_the_model():
     assert init_weights(resolve(RunConfig(dataset="digits-style"))) is None
     own = resolve(RunConfig(dataset="digits-style", model="resnet18", weights="w.pth"))
     assert init_weights(own) == "w.pth"
-    with pytest.raises(RaydgError, match="no pretrained weights"):
+    glyphs = resolve(RunConfig(dataset="digits-style", weights="glyphs"))  # any backbone
+    assert glyphs.model == "cnn" and glyphs.pretrained and init_weights(glyphs) == "glyphs"
+    with pytest.raises(RaydgError, match="cnn has no ImageNet weights"):
         resolve(RunConfig(dataset="digits-style", pretrained=True))
     with pytest.raises(RaydgError, match="contradict"):
         resolve(RunConfig(dataset="pacs", pretrained=False, weights="w.pth"))

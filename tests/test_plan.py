@@ -5,9 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from raydg.config import RunConfig, Search, load_yaml, parse_grid, parse_search, split_search
+from raydg.config import (
+    RunConfig,
+    Search,
+    apply,
+    load_yaml,
+    parse_grid,
+    parse_search,
+    parse_sets,
+    split_search,
+)
 from raydg.errors import RaydgError
-from raydg.plan import plan_experiment
+from raydg.methods.base import learning_rate
+from raydg.plan import plan_experiment, resolve
 from raydg.results import FederationResult, select_settings
 
 
@@ -151,3 +161,41 @@ def test_extends_merges_files_and_a_grid_value_may_set_several_keys(tmp_path):
     (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
     with pytest.raises(RaydgError, match="extends itself"):
         load_yaml(tmp_path / "loop.yaml")
+
+
+def test_method_options_client_selection_and_equal_compute():
+    both = {"fedprox": {"mu": 0.1}, "csac": {"acquire_steps": 120}}
+    cfg = resolve(RunConfig(dataset="digits-rot", method="fedprox", method_options=both))
+    assert cfg.options == {"mu": 0.1} and cfg.client_selection is False  # McMahan: last
+    assert resolve(RunConfig(method="fedprox", options={"mu": 1.0},
+                             method_options=both)).options == {"mu": 1.0}  # options win
+    assert resolve(RunConfig(method="fedfd")).client_selection is True  # FedFD-A §4.1
+    assert resolve(RunConfig(method="fedfd", client_selection=False)).client_selection is False
+    with pytest.raises(RaydgError, match=r"unknown option\(s\) \['nope'\]"):
+        resolve(RunConfig(method="fedavg", method_options={"csac": {"nope": 1}}))
+    fed = plan_experiment(RunConfig(dataset="digits-rot", target="M0", method="fedavg",
+                                    equal_compute="csac", method_options=both)).federations[0]
+    assert fed.config.rounds == 10 + 120 // 20 and fed.label == "fedavg (steps of csac)"
+    fed = plan_experiment(RunConfig(dataset="digits-rot", target="M0",
+                                    equal_compute="csac")).federations[0]
+    assert fed.config.rounds == 10 + 9  # the authors' 30 x 60 : 10 x 20 acquisition ratio
+
+
+def test_set_reaches_method_options_and_extends_merges_them(tmp_path):
+    cfg = apply(RunConfig(), parse_sets(["method_options.fedfd-a.lambda2=1",
+                                         "method_options.csac={acquire_steps: 3}"]))
+    assert cfg.method_options == {"fedfd-a": {"lambda2": 1}, "csac": {"acquire_steps": 3}}
+    (tmp_path / "a.yaml").write_text("method_options: {csac: {x: 1, y: 2}, fedprox: {mu: 1}}\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\nmethod_options: {csac: {y: 3}}\n")
+    assert load_yaml(tmp_path / "b.yaml")["method_options"] == {
+        "csac": {"x": 1, "y": 3}, "fedprox": {"mu": 1}}
+
+
+def test_cosine_learning_rate_anneals_over_the_rounds():
+    cfg = RunConfig(lr=0.1, rounds=4, lr_schedule="cosine")
+    expected = 0.1 * 0.5 * (1 + np.cos(np.pi * np.arange(4) / 4))
+    np.testing.assert_allclose([learning_rate(cfg, r) for r in (1, 2, 3, 4)], expected)
+    assert learning_rate(cfg, 0) == 0.1  # setup phases run at the first round's rate
+    assert learning_rate(RunConfig(lr=0.1, rounds=4), 3) == 0.1
+    with pytest.raises(RaydgError, match="lr_schedule must be one of"):
+        resolve(RunConfig(lr_schedule="step"))

@@ -49,7 +49,8 @@ def method_class(name: str, augment: str | None = None) -> type[Method]:
     options = dataclasses.make_dataclass(f"{base.__name__}{aug.__name__}Options", [],
                                          bases=(aug.Options, base.Options))
     return type(f"{base.__name__}{aug.__name__}", (aug, base),
-                {"name": label, "Options": options, "__module__": __name__})
+                {"name": label, "Options": options, "__module__": __name__,
+                 "label": classmethod(lambda _, o: f"{base.label(o)}+{aug.label(o)}")})
 
 
 for _module in pkgutil.iter_modules(__path__):

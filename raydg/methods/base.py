@@ -8,7 +8,8 @@ what                   hook                                        used by
 model construction     ``build_model``                             XAN, mixed-statistics BN
 local vs shared state  ``local_keys``                              FedBN, SiloBN, gPerXAN
 ledger kinds           ``upload_kind``                             non-parameter uploads
-local training         ``start_round``, ``train_step``, ``loss``   FedProx, FedFD-A, gPerXAN
+local training         ``start_round``, ``train_step``, ``loss``,  FedProx, FedFD-A, gPerXAN
+                       ``end_round``
 client phases          ``client_phase`` (called via ``Server``)    CSAC, CCST
 server phases          ``setup``, ``aggregate``, ``on_round_end``  CSAC, CCST, gPerXAN
 inference              ``eval_modes``, ``predict``                 FedFD-A's statistics
@@ -24,6 +25,7 @@ client of an actor and clients may move between actors, so per-client state belo
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -61,7 +63,9 @@ class ClientContext:
     """Everything a client-side hook may use during one round (or one phase) of one client.
 
     ``memory`` persists across rounds inside the client's actor (e.g. CSAC's frozen local
-    model); ``scratch`` is emptied at the start of every round.
+    model); ``scratch`` is emptied at the start of every round. ``log`` records a value (e.g. a
+    loss term) whose mean over the round's steps becomes a per-round metric; ``steps`` counts
+    the minibatches drawn, i.e. the local compute of the round or phase.
     """
 
     client_id: int
@@ -77,11 +81,18 @@ class ClientContext:
     train_inputs: Any  # the same after the run's training augmentation (``train_transform``)
     scratch: dict[str, Any] = field(default_factory=dict)
     optimizer: torch.optim.Optimizer | None = None
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    steps: int = 0
 
     def sgd(self, params) -> torch.optim.SGD:
+        """SGD with the run's settings; the learning rate follows ``lr_schedule`` by round."""
         cfg = self.config
-        return torch.optim.SGD(list(params), lr=cfg.lr, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(list(params), lr=learning_rate(cfg, self.round),
+                               momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    def log(self, name: str, value: float | Tensor) -> None:
+        """Record ``value``; the round's metric ``name`` is its mean (over steps and clients)."""
+        self.metrics.setdefault(name, []).append(float(value))
 
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Endless seeded minibatches of the training shard, reshuffled every epoch, with the
@@ -94,7 +105,16 @@ class ClientContext:
                 idx = perm[i:i + bs]
                 x = self.train_inputs(self.data.train_x[idx])
                 y = torch.from_numpy(self.data.train_y[idx]).to(self.device)
+                self.steps += 1
                 yield x, y
+
+
+def learning_rate(cfg: RunConfig, rnd: int) -> float:
+    """``lr`` in round ``rnd`` (setup phases count as round 1): constant, or cosine annealing
+    over the rounds, lr * (1 + cos(pi * (r - 1) / R)) / 2 (gPerXAN's code)."""
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    return cfg.lr * 0.5 * (1.0 + math.cos(math.pi * (max(rnd, 1) - 1) / cfg.rounds))
 
 
 class Server(Protocol):
@@ -132,6 +152,10 @@ class Method:
     Options: ClassVar[type] = NoOptions
     paper: ClassVar[str] = "McMahan et al., AISTATS 2017; FedFD-A §3.1"
     augmentation: ClassVar[bool] = False  # composable with any method (``--augment``)
+    # the paper's default for ``client_selection`` (FedFD-A §4.1's best-validation upload)
+    client_selection: ClassVar[bool] = False
+    # what to try when the training loss stays at chance level, in the method's terms
+    collapse_hint: ClassVar[str] = ""
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
@@ -159,6 +183,17 @@ class Method:
     @classmethod
     def check_options(cls, options: Any) -> None:
         """Raise :class:`RaydgError` for invalid option values (override to check ranges)."""
+
+    @classmethod
+    def label(cls, options: Any) -> str:
+        """The method as tables and MLflow report it (``ccst-pixel`` for CCST's pixel coder)."""
+        return cls.name
+
+    @classmethod
+    def setup_steps(cls, options: Any, cfg: RunConfig) -> int:
+        """Local steps per client that ``setup`` runs before round 1 (CSAC's acquisition);
+        what ``equal_compute`` gives a baseline on top of its rounds."""
+        return 0
 
     # ------------------------------------------------------------------ model
     def build_model(self, spec: ModelSpec) -> nn.Module:
@@ -188,6 +223,9 @@ class Method:
     def loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> Tensor:
         """Eq. (1) of FedFD-A: cross-entropy on the client's own data."""
         return F.cross_entropy(ctx.model(x), y)
+
+    def end_round(self, ctx: ClientContext) -> None:
+        """Called after the last local step and the client-side model selection."""
 
     def client_phase(self, phase: str, ctx: ClientContext, payload: Any) -> Any:
         raise NotImplementedError(f"{self.name} has no client phase {phase!r}")

@@ -47,9 +47,25 @@ from raydg.partition import ClientData
 Stylize = Callable[[np.ndarray, list[np.ndarray]], list[np.ndarray]]
 
 
-def moments(f: Tensor) -> Tensor:
-    """(2, C): per-channel mean and std of features ``(n, C, H, W)`` over images and pixels."""
-    return torch.stack([f.mean(dim=(0, 2, 3)), f.std(dim=(0, 2, 3), unbiased=False)])
+STYLE_BATCH = 16  # images through the encoder at once when computing a style
+
+
+class Moments:
+    """Per-channel mean and std over images and pixels, accumulated batch by batch (float64
+    sums), so a style never needs all of a client's features at once (Eq. 8 at 512 px)."""
+
+    def __init__(self) -> None:
+        self.n, self.total, self.squares = 0, 0.0, 0.0
+
+    def add(self, f: Tensor) -> None:
+        f = f.double()
+        self.n += f.numel() // f.shape[1]
+        self.total = self.total + f.sum(dim=(0, 2, 3))
+        self.squares = self.squares + (f * f).sum(dim=(0, 2, 3))
+
+    def result(self) -> Tensor:
+        mean = self.total / self.n
+        return torch.stack([mean, (self.squares / self.n - mean * mean).clamp_min(0).sqrt()])
 
 
 def adain(f: Tensor, style: Tensor, eps: float = 1e-5) -> Tensor:
@@ -147,10 +163,13 @@ class StyleTransfer:
         return self.coder.encode(x)
 
     @torch.no_grad()
-    def style(self, images: np.ndarray) -> np.ndarray:
+    def style(self, images: np.ndarray, batch: int = STYLE_BATCH) -> np.ndarray:
         """(2, C) float64: Eq. (8) over ``images`` (uint8, ``(n, C, H, W)``), or Eq. (6) for
-        one image."""
-        return moments(self._features(images)).double().cpu().numpy()
+        one image; encoded ``batch`` images at a time."""
+        acc = Moments()
+        for i in range(0, len(images), batch):
+            acc.add(self._features(images[i:i + batch]))
+        return acc.result().cpu().numpy()
 
     @torch.no_grad()
     def __call__(self, image: np.ndarray, styles: list[np.ndarray]) -> list[np.ndarray]:
@@ -199,6 +218,12 @@ class CCST(Method):
     Options = CCSTOptions
     paper = "Chen et al., WACV 2023, Eq. (2)-(10), Algorithm 1"
     augmentation = True
+
+    @classmethod
+    def label(cls, options: Any) -> str:
+        """``ccst`` with the paper's VGG coder, ``ccst-pixel`` with the pixel stand-in, so no
+        table mistakes one for the other."""
+        return cls.name if options.encoder == "vgg" else f"{cls.name}-pixel"
 
     @classmethod
     def check_options(cls, o: Any) -> None:

@@ -1,9 +1,13 @@
 """CSAC (Yuan et al., IEEE TKDE 2023): collaborative semantic aggregation and calibration.
 
 1. Local semantic acquisition (§3.3, Eq. 1-2), a setup phase: every client trains its own model
-   G^h from the common initial model with label-smoothed cross-entropy (alpha = 0.1) for
-   ``acquire_steps`` steps and keeps it, frozen, as its local model L^h for the whole run
-   (``ctx.memory``); G^h is uploaded.
+   G^h from the common initial model with label-smoothed cross-entropy (alpha = 0.1) and keeps
+   it, frozen, as its local model L^h for the whole run (``ctx.memory``); G^h is uploaded. Its
+   length comes from the paper's epochs as the authors' code counts them (reference notes):
+   ``acquire_epochs`` (30) x 60 iterations of acquisition against ``calibration_epochs`` (10;
+   5 for Rotated MNIST) x 20 iterations of calibration per round, i.e. acquisition =
+   ``local_steps`` x 30*60 / (10*20) = 9 x ``local_steps`` (18 x for Rotated MNIST), unless
+   ``acquire_steps`` is given.
 2. Data-free semantic aggregation (§3.4, Eq. 3-4), on the driver, after acquisition and after
    every round: per state-dict tensor ("layer", as in the authors' code), client h's weight is
    dist(G_l^h, G_l^AVG) normalised over clients (``distance``: l2, l1, cosine; Table 4's
@@ -12,11 +16,14 @@
    model M and the frozen L^h see the same batch; the outputs of the semantic layers R (ResNet:
    layer2-4; the digits CNN: its last two conv blocks, ``layers``) are projected by one conv
    each to ``proj_channels`` x the last layer's spatial size, M's and L^h's by separate
-   projections that belong to M (trained and fused with it). Loss Eq. (11):
+   projections that belong to M (trained and fused with it; ``freeze_local_projection`` keeps
+   L^h's at their initial weights, so that the alignment cannot vanish by shrinking both
+   projections). Loss Eq. (11):
    ``lambda * sum_{l,m} alpha_{l,m} MMD(M_l', L_m')  +  CE(M(x), y)``, lambda = 0.6.
    alpha (Eq. 7-9) is computed without gradient, as in the authors' code; the MMD is a
    multi-kernel Gaussian (5 bandwidths 3^k x the pooled batch's mean squared distance,
-   k = -3..1), quadratic estimator.
+   k = -3..1), quadratic estimator. The alignment and cross-entropy terms are logged each round
+   (``csac/alignment``, ``csac/ce``).
 
 The authors' released default leaves the cross-layer set empty (reference notes); here the
 paper's cross-layer term is live. Ablations (Table 5): ``alignment`` cross|same|none,
@@ -40,11 +47,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from raydg import state as st
+from raydg.config import RunConfig
 from raydg.errors import RaydgError
 from raydg.methods import ClientContext, Method, Server, Upload, register
 from raydg.models import ModelSpec
 
 DISTANCES = ("l2", "l1", "cosine", "equal", "similarity")
+ACQUIRE_ITERATIONS, CALIBRATE_ITERATIONS = 60, 20  # per epoch, in the authors' code
 MMD_SCALES = tuple(3.0 ** k for k in range(-3, 2))
 
 
@@ -195,7 +204,10 @@ def alignment_loss(a: list[Tensor], b: list[Tensor], alignment: str, attention: 
 class CSACOptions:
     lambda_cal: float = 0.6  # lambda of Eq. (11)
     label_smoothing: float = 0.1  # alpha of Eq. (2); 0 = Table 5's "without label smoothing"
-    acquire_steps: int | None = None  # local semantic acquisition; None: 3 x local_steps
+    acquire_steps: int | None = None  # acquisition steps; None: from the epochs below
+    acquire_epochs: int = 30  # §4.1; 60 iterations each in the authors' code
+    calibration_epochs: int = 10  # §4.1 (5 for Rotated MNIST); 20 iterations each there
+    freeze_local_projection: bool = False  # keep L^h's projections at their initial weights
     distance: str = "l2"  # Eq. (4): l2 | l1 | cosine | equal | similarity (Table 4)
     layers: int = 0  # |R|, the last semantic layers aligned; 0: 3 (ResNet) or 2 (CNN), §4.1
     proj_channels: int = 32  # channels after projection, Eq. (5)
@@ -228,11 +240,22 @@ class CSAC(Method):
         if o.acquire_steps is not None and (not isinstance(o.acquire_steps, int)
                                             or o.acquire_steps < 1):
             raise RaydgError("csac: acquire_steps must be a positive integer")
+        if o.acquire_epochs < 1 or o.calibration_epochs < 1:
+            raise RaydgError("csac: acquire_epochs and calibration_epochs must be >= 1")
         if o.lambda_cal < 0 or not 0 <= o.label_smoothing < 1 or o.proj_channels < 1:
             raise RaydgError("csac: need lambda_cal >= 0, 0 <= label_smoothing < 1, "
                              "proj_channels >= 1")
         if not (o.cross_entropy or (o.alignment != "none" and o.lambda_cal > 0)):
             raise RaydgError("csac: without cross-entropy and alignment there is no loss")
+
+    @classmethod
+    def setup_steps(cls, options: CSACOptions, cfg: RunConfig) -> int:
+        """Local semantic acquisition: ``acquire_steps``, else the authors' iterations per
+        epoch (60 acquisition, 20 calibration) scaled to ``local_steps``."""
+        if options.acquire_steps is not None:
+            return options.acquire_steps
+        return round(cfg.local_steps * options.acquire_epochs * ACQUIRE_ITERATIONS
+                     / (options.calibration_epochs * CALIBRATE_ITERATIONS))
 
     def build_model(self, spec: ModelSpec) -> nn.Module:
         """The backbone plus its calibration projections (part of M: trained and fused)."""
@@ -251,7 +274,7 @@ class CSAC(Method):
     # ------------------------------------------------------------------ server side
     def setup(self, server: Server) -> None:
         """Local semantic acquisition on every client, then the first fusion (Eq. 4)."""
-        steps = self.options.acquire_steps or 3 * server.config.local_steps
+        steps = self.setup_steps(self.options, server.config)
         server.log(f"csac: local semantic acquisition, {steps} steps on "
                    f"{len(server.client_ids)} clients")
         trained = server.call_clients("acquire", server.global_state, kind="state",
@@ -281,7 +304,7 @@ class CSAC(Method):
         st.load(ctx.model, payload)
         optimizer = ctx.sgd(ctx.model.parameters())
         batches = ctx.batches()
-        for _ in range(o.acquire_steps or 3 * ctx.config.local_steps):
+        for _ in range(self.setup_steps(o, ctx.config)):
             x, y = next(batches)
             optimizer.zero_grad(set_to_none=True)
             F.cross_entropy(ctx.model(x), y, label_smoothing=o.label_smoothing).backward()
@@ -292,6 +315,7 @@ class CSAC(Method):
 
     def start_round(self, ctx: ClientContext) -> None:
         """Load the client's frozen L^h next to its copy of the fused model M."""
+        ctx.model.calibration.local.requires_grad_(not self.options.freeze_local_projection)
         super().start_round(ctx)
         local = copy.deepcopy(ctx.model).requires_grad_(False)
         st.load(local, ctx.memory["local_model"])
@@ -303,6 +327,7 @@ class CSAC(Method):
         calib = model.calibration
         logits, fused = tapped(model, calib.layers, x)
         loss = F.cross_entropy(logits, y) if o.cross_entropy else torch.zeros((), device=x.device)
+        ctx.log("csac/ce", loss.detach())
         if o.alignment == "none" or o.lambda_cal == 0:
             return loss
         with torch.no_grad():
@@ -310,4 +335,5 @@ class CSAC(Method):
         a = [p(f) for p, f in zip(calib.fused, fused, strict=True)]  # Eq. (5)
         b = [p(f) for p, f in zip(calib.local, local, strict=True)]
         aligned = alignment_loss(a, b, o.alignment, o.attention, DISCREPANCIES[o.discrepancy])
+        ctx.log("csac/alignment", aligned.detach())
         return loss + o.lambda_cal * aligned

@@ -14,15 +14,29 @@ Adaptation for Federated DG").
   first updates the main network (adapter frozen), then the adapter with CE (main network
   frozen), as FedIG-A's pseudo-code (Table 13). Adapters are aggregated by FedAvg.
 
+Which paper version (``objective``): ``fedfd-a`` (the default) is FedFD-A's Eq. (5), and
+``fedig`` FedIG-A's Eq. (6). In both, CACL trains the classifier only: FedIG-A says so ("we only
+update the classifier by Eq. (5)", §4.1) and FedFD-A describes CACL as "we train the local
+classifier to categorize the diversified features" (§3.2) without a gradient into the features;
+``cacl_classifier_only=false`` is the other reading. Both papers validate on the client every
+20 iterations and upload the best weights of the round (``client_selection`` defaults on).
+
 Choices where the papers are silent, each an option:
 
 * ``mu_i, sigma_i`` are per-sample statistics over the spatial positions; sigma is
   ``sqrt(var + eps)`` for instance and global statistics alike, and sigma is interpolated.
 * mu_G, sigma_G in local training are the global model's running statistics received at the
   start of the round (the n_k-weighted aggregate of the clients' statistics); the evaluated
-  global model's running statistics are the same aggregate.
-* CACL updates only the classifier (FedIG §4.1, "following Li et al. (2019)"):
-  ``cacl_classifier_only``. CAFL's gradient reaches both feature passes.
+  global model's running statistics are the same aggregate. A client's own validation during
+  the round (client-side selection) normalises with the same mu_G, sigma_G it trains with.
+* CAFL (Eq. 3) sums the squared differences over the feature dimensions, as written
+  (``cafl_reduction=sum``); with lambda2 = 4, tuned for an ImageNet-pretrained ResNet-18 (512
+  dimensions), a model trained from scratch can satisfy it by making every feature constant, and
+  training collapses to chance. ``cafl_reduction=mean`` averages over the dimensions instead
+  (lambda2 / d in the sum's units), and ``warmup_rounds`` trains the base framework alone for
+  that many rounds first, so that mu_G, sigma_G are the clients' statistics, not the initial
+  (0, 1) buffers, when the decoupling losses start. CAFL's gradient reaches both feature
+  passes.
 * The adapter's hidden width is ``C // adapter_reduction`` (at least 4): with reduction 16 it
   adds 0.22M parameters to ResNet-18, FedFD-A Table 4's 11.31M -> 11.53M. ReLU between the two
   layers. alpha is one scalar per layer and sample (FedFD-A) or per channel (FedIG):
@@ -151,16 +165,13 @@ def bn_mode(model: nn.Module, mode: str) -> contextlib.AbstractContextManager[No
     return _layers_set(model, "mode", mode)
 
 
-def own_statistics(model: nn.Module) -> contextlib.AbstractContextManager[None]:
-    """Inside the block mu_G, sigma_G are the model's own running statistics."""
-    return _layers_set(model, "reference", None)
-
-
-def set_reference(model: nn.Module, global_state: state.State) -> None:
-    """Use the global running statistics of ``global_state`` as mu_G, sigma_G."""
+def set_reference(model: nn.Module, global_state: state.State | None) -> None:
+    """Use the global running statistics of ``global_state`` as mu_G, sigma_G (None: the
+    model's own running statistics)."""
     for name, m in mix_layers(model):
-        m.reference = tuple(torch.tensor(global_state[f"{name}.{k}"]).to(m.running_mean.device)
-                            for k in ("running_mean", "running_var"))
+        m.reference = None if global_state is None else tuple(
+            torch.tensor(global_state[f"{name}.{k}"]).to(m.running_mean.device)
+            for k in ("running_mean", "running_var"))
 
 
 @contextlib.contextmanager
@@ -185,7 +196,9 @@ class FedFDOptions:
     objective: str = "fedfd-a"  # Eq. (5) of FedFD-A, or "fedig": Eq. (6) of FedIG
     losses: str = "both"  # both | cafl | cacl (FedIG Table 2)
     augment: str = "mixed"  # mixed statistics (Eq. 2) | mixstyle (Table 3b)
-    cacl_classifier_only: bool = True  # FedIG §4.1
+    cacl_classifier_only: bool = True  # FedIG-A §4.1; FedFD-A §3.2 "train the classifier"
+    cafl_reduction: str = "sum"  # over feature dimensions: sum (Eq. 3 as written) | mean
+    warmup_rounds: int = 0  # rounds of plain training before the client-agnostic losses
     fixed_alpha: float = 0.5  # the "fixed" inference mode
     eval_modes: list[str] = field(
         default_factory=lambda: ["global", "instance", "fixed", "random"])
@@ -200,6 +213,11 @@ class FedFD(Method):
     Options = FedFDOptions
     paper = "Yang et al., FedFD-A Eq. (2)-(5); FedIG Eq. (3)-(6)"
     uses_adapter = False
+    client_selection = True  # FedFD-A §4.1, FedIG-A A.2
+    collapse_hint = ("For fedfd/fedfd-a this is CAFL (lambda2 x the sum over feature "
+                     "dimensions, Eq. 3) outweighing the cross-entropy of a model trained from "
+                     "scratch: try options.cafl_reduction=mean, options.warmup_rounds, a "
+                     "smaller options.lambda2 or a pretrained start (--weights).")
 
     @classmethod
     def check_options(cls, o: FedFDOptions) -> None:
@@ -209,6 +227,8 @@ class FedFD(Method):
             "losses": o.losses in ("both", "cafl", "cacl"),
             "augment": o.augment in ("mixed", "mixstyle"),
             "u_low/u_high": o.u_low <= o.u_high,
+            "cafl_reduction": o.cafl_reduction in ("sum", "mean"),
+            "warmup_rounds": o.warmup_rounds >= 0,
             "eval_modes": bool(o.eval_modes) and set(o.eval_modes) <= set(cls.modes()),
         }
         bad = [k for k, ok in checks.items() if not ok]
@@ -244,6 +264,13 @@ class FedFD(Method):
         super().start_round(ctx)
         set_reference(ctx.model, ctx.global_state)
 
+    def end_round(self, ctx: ClientContext) -> None:
+        """The round's mu_G, sigma_G stop applying: evaluation uses the model's own."""
+        set_reference(ctx.model, None)
+
+    def warming_up(self, ctx: ClientContext) -> bool:
+        return ctx.round <= self.options.warmup_rounds
+
     def client_agnostic_losses(self, model: nn.Module, x: Tensor, y: Tensor) -> dict[str, Tensor]:
         """CE on f (batch statistics), CACL (Eq. 4) and CAFL (Eq. 3) on the diversified f_D."""
         f = model.features(x)
@@ -252,13 +279,20 @@ class FedFD(Method):
             f_d = model.features(x)
         head_input = f_d.detach() if self.options.cacl_classifier_only else f_d
         cacl = F.cross_entropy(model.classifier(head_input), y)
-        cafl = ((f - f_d) ** 2).sum(dim=1).mean()
+        squared = (f - f_d) ** 2
+        cafl = (squared.sum(dim=1) if self.options.cafl_reduction == "sum"
+                else squared.mean(dim=1)).mean()
         return {"ce": ce, "cacl": cacl, "cafl": cafl}
 
     def loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> Tensor:
-        """Eq. (5) of FedFD-A, or Eq. (6) of FedIG with ``objective="fedig"``."""
+        """Eq. (5) of FedFD-A, or Eq. (6) of FedIG with ``objective="fedig"``; plain
+        cross-entropy while warming up. Each term is logged (``fedfd/ce`` ...)."""
         o = self.options
+        if self.warming_up(ctx):
+            return super().loss(ctx, x, y)
         parts = self.client_agnostic_losses(ctx.model, x, y)
+        for name, value in parts.items():
+            ctx.log(f"fedfd/{name}", value.detach())
         l1 = o.lambda1 if o.losses in ("both", "cacl") else 0.0
         l2 = o.lambda2 if o.losses in ("both", "cafl") else 0.0
         ce_weight = 1.0 - l1 if o.objective == "fedfd-a" else 1.0
@@ -266,8 +300,9 @@ class FedFD(Method):
 
     # ------------------------------------------------------------------ inference
     def predict(self, model: nn.Module, x: Tensor, mode: str) -> Tensor:
-        """One forward pass; mu_G, sigma_G are the evaluated model's running statistics."""
-        with own_statistics(model), bn_mode(model, {"global": "batch"}.get(mode, mode)):
+        """One forward pass; mu_G, sigma_G are the round's global statistics during the
+        client's own validation, else the evaluated model's running statistics."""
+        with bn_mode(model, {"global": "batch"}.get(mode, mode)):
             return model(x)
 
 
@@ -331,9 +366,11 @@ class FedFDA(FedFD):
         set_reference(ctx.model, ctx.global_state)
 
     def train_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float:
-        """One local iteration of FedIG-A Table 13: main network, then adapters."""
+        """One local iteration of FedIG-A Table 13: main network, then adapters (not while
+        warming up: mu_G, sigma_G are not the clients' yet)."""
         loss = self.main_step(ctx, x, y)
-        self.adapter_step(ctx, x, y)
+        if not self.warming_up(ctx):
+            self.adapter_step(ctx, x, y)
         return loss
 
     def main_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float:

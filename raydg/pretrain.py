@@ -1,0 +1,163 @@
+"""The initial backbone weights of a run, and ``glyphs``, a pretraining that runs offline.
+
+The papers start every federation from ImageNet weights, so BN statistics and features mean
+something from round 1. ImageNet cannot be reached here, and the embedded digits federations start
+from scratch: a different regime. ``--weights glyphs`` gives them a pretrained start on data
+disjoint from every digits domain: letters (not digits) rendered with Pillow's bundled font in
+random sizes, positions, rotations, colours, backgrounds and noise, classified into the letters by
+the same backbone, centrally, then the classifier is dropped as ImageNet's is. Letters that look
+like digits (B D G I O Q S Z) are left out. The weights are made once per backbone, image shape and
+normalisation, deterministically (one torch thread, fixed seeds), and cached as a state dict
+read back with ``weights_only``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from raydg.config import RunConfig
+from raydg.datasets import MultiDomainDataset
+from raydg.models import IMAGENET, ModelSpec, build_model, file_state, imagenet_weights
+from raydg.plan import GLYPHS, Plan, init_weights, weights_key
+
+LETTERS = "ACEFHJKLMNPRTUVWXY"
+GLYPH_RECIPE = {"per_class": 400, "epochs": 12, "batch": 64, "lr": 0.05, "momentum": 0.9,
+                "weight_decay": 5e-4, "seed": 0, "version": 1}
+
+
+def render_glyphs(per_class: int, channels: int, size: int,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``per_class`` images of every letter of :data:`LETTERS`: uint8 ``(n, channels, size,
+    size)`` and int64 labels, each in its own random size, place, rotation and colours."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    big = 4 * size  # drawn large, then reduced with antialiasing
+    xs, ys = [], []
+    for label, letter in enumerate(LETTERS):
+        for _ in range(per_class):
+            font = ImageFont.load_default(size=float(rng.uniform(0.45, 0.8) * big))
+            canvas = Image.new("L", (big, big), 0)
+            centre = (big / 2 + rng.uniform(-0.12, 0.12) * big,
+                      big / 2 + rng.uniform(-0.12, 0.12) * big)
+            ImageDraw.Draw(canvas).text(centre, letter, fill=255, font=font, anchor="mm")
+            canvas = canvas.rotate(float(rng.uniform(-25, 25)), resample=Image.BILINEAR)
+            mask = np.asarray(canvas.resize((size, size), Image.LANCZOS), np.float32) / 255
+            xs.append(_paint(mask, channels, rng))
+            ys.append(label)
+    return np.stack(xs), np.asarray(ys, dtype=np.int64)
+
+
+def _paint(mask: np.ndarray, channels: int, rng: np.random.Generator) -> np.ndarray:
+    """Ink of one colour on a plain, striped or noisy background of another, at least 0.4
+    apart in every channel."""
+    ink = rng.uniform(0, 1, (channels, 1, 1))
+    paper = ink + np.where(ink > 0.5, -1, 1) * rng.uniform(0.4, 0.7, (channels, 1, 1))
+    h, w = mask.shape
+    kind = rng.integers(3)
+    if kind == 1:
+        yy, xx = np.mgrid[0:h, 0:w] / max(h, w)
+        angle, freq = rng.uniform(0, np.pi), rng.uniform(1.5, 4.0)
+        stripes = np.sin(2 * np.pi * freq * (np.cos(angle) * xx + np.sin(angle) * yy))
+        paper = paper + 0.15 * stripes[None]
+    elif kind == 2:
+        paper = paper + rng.normal(0, 0.08, (channels, h, w))
+    image = mask[None] * ink + (1 - mask[None]) * paper
+    return np.round(np.clip(image, 0, 1) * 255).astype(np.uint8)
+
+
+def _normalise(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -> Tensor:
+    t = torch.from_numpy(x).float().div_(255)
+    return (t - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
+
+
+def pretrain_glyphs(model: str, channels: int, size: int, mean: tuple[float, ...],
+                    std: tuple[float, ...]) -> tuple[dict[str, Tensor], float]:
+    """Train ``model`` centrally on the glyphs (one torch thread: deterministic); its backbone's
+    state dict, without the classifier, and its accuracy on held-out glyphs."""
+    r = GLYPH_RECIPE
+    rng = np.random.default_rng(r["seed"])
+    x, y = render_glyphs(r["per_class"], channels, size, rng)
+    held = rng.permutation(len(y))
+    test, train = held[: len(y) // 10], held[len(y) // 10:]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(r["seed"])
+        net = build_model(ModelSpec(model, channels, len(LETTERS), size))
+        opt = torch.optim.SGD(net.parameters(), lr=r["lr"], momentum=r["momentum"],
+                              weight_decay=r["weight_decay"])
+        order = torch.Generator().manual_seed(r["seed"])
+        for _ in range(r["epochs"]):
+            perm = train[torch.randperm(len(train), generator=order).numpy()]
+            for i in range(0, len(perm) - r["batch"] + 1, r["batch"]):
+                idx = perm[i:i + r["batch"]]
+                opt.zero_grad(set_to_none=True)
+                F.cross_entropy(net(_normalise(x[idx], mean, std)),
+                                torch.from_numpy(y[idx])).backward()
+                opt.step()
+        net.eval()
+        with torch.no_grad():
+            correct = (net(_normalise(x[test], mean, std)).argmax(1).numpy() == y[test]).mean()
+    finally:
+        torch.set_num_threads(threads)
+    return {k: v.clone() for k, v in net.features.state_dict().items()}, float(correct)
+
+
+def glyph_weights(model: str, channels: int, size: int, mean: tuple[float, ...],
+                  std: tuple[float, ...], cache: Path,
+                  log: Callable[[str], None] = print) -> dict[str, Tensor]:
+    """The ``glyphs`` backbone from ``cache``, pretrained there first if absent."""
+    key = json.dumps([model, channels, size, mean, std, GLYPH_RECIPE, LETTERS,
+                      torch.__version__])
+    path = cache / "pretrained" / (f"glyphs-{model}-{channels}x{size}-"
+                                   f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt")
+    if not path.is_file():
+        state, accuracy = pretrain_glyphs(model, channels, size, mean, std)
+        log(f"pretrained {model} on glyphs ({len(LETTERS)} letters, {channels}x{size}x{size}): "
+            f"{100 * accuracy:.1f}% on held-out glyphs")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".writing-{os.getpid()}")
+        torch.save(state, partial)
+        partial.replace(path)  # atomic: a reader sees the whole file or none
+        log(f"cached the glyphs backbone in {path}")
+    return file_state(str(path))
+
+
+def initial_weights(cfg: RunConfig, channels: int, mean: tuple[float, ...],
+                    std: tuple[float, ...], cache: Path,
+                    log: Callable[[str], None] = print) -> dict[str, Tensor] | None:
+    """The backbone state dict a run starts from: None (random initialisation), ImageNet's
+    (torchvision's cache), the ``glyphs`` pretraining, or the user's file."""
+    source = init_weights(cfg)
+    if source is None:
+        return None
+    if source == IMAGENET:
+        return imagenet_weights(cfg.model)
+    if source == GLYPHS:
+        return glyph_weights(cfg.model, channels, cfg.image_size, mean, std, cache, log)
+    return file_state(source)
+
+
+def starting_weights(plan: Plan, data: MultiDomainDataset, cache: Path,
+                     log: Callable[[str], None] = print) -> dict[str, dict[str, Tensor]]:
+    """Every federation's initial backbone, by :func:`~raydg.plan.weights_key`, loaded (or
+    pretrained) once, here, and checked to fit the model: missing weights stop the experiment
+    before Ray starts, and no node has to find a file."""
+    out: dict[str, dict[str, Tensor]] = {}
+    for fed in plan.federations:
+        cfg, key = fed.config, weights_key(fed.config)
+        if key in out or init_weights(cfg) is None:
+            continue
+        out[key] = initial_weights(cfg, data.channels, data.mean, data.std, cache, log)
+        build_model(ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size,
+                              out[key]))
+    return out
