@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from raydg.config import setting_label
 
 State = dict[str, np.ndarray]
-METHOD_KEYS = ("method", "augment")  # shown in the method column, not in the setting
+METHOD_KEYS = ("method", "augment", "equal_compute")  # in the method's label, not the setting
 
 
 @dataclass
