@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +30,11 @@ MAX_PARAMS = 100  # per MLflow log_batch call
 
 def tracking_uri(cfg: RunConfig) -> str:
     return cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def metric_name(name: str) -> str:
+    """``name`` in the characters MLflow allows (``fedbn+ccst-pixel`` -> ``fedbn_ccst-pixel``)."""
+    return re.sub(r"[^\w\-. :/]", "_", name)
 
 
 def flat_params(cfg: RunConfig) -> dict[str, str]:
@@ -105,7 +111,7 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step)
+        self.client.log_batch(run_id, metrics=[Metric(metric_name(k), float(v), now, step)
                                                for k, v in values.items()])
 
     def log_round(self, key: str, row: dict[str, float]) -> None:
