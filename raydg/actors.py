@@ -96,12 +96,16 @@ class ClientPool:
                                     **in_bundle(i, len(groups))).remote(method, cfg, spec, mean,
                                                                         std, [])
                        for i in range(len(groups))]
-        self.shards = {c.client_id: ray.put(c) for c in clients}
         self.home: dict[int, int] = {}
         self.moved = 0  # clients that changed actor in the last round
         self._validating: list[Any] = []  # the last validation, which reads the actors' clients
         self.cfg = cfg
-        ray.get([self._adopt(cid, a, None) for a, g in enumerate(groups) for cid in g])
+        try:
+            self.shards = {c.client_id: ray.put(c) for c in clients}
+            ray.get([self._adopt(cid, a, None) for a, g in enumerate(groups) for cid in g])
+        except BaseException:  # an actor that cannot start, Ctrl-C: leave nothing behind
+            self.shutdown()
+            raise
 
     def _adopt(self, cid: int, actor: int, state: Any) -> Any:
         self.home[cid] = actor
@@ -177,6 +181,17 @@ class ClientPool:
         futures = {c: self.actors[self.home[c]].phase.remote(name, c, payload_ref, global_ref, rnd)
                    for c in cids}
         return dict(zip(futures, ray.get(list(futures.values())), strict=True))
+
+    def snapshot(self) -> dict[int, Any]:
+        """Every client's persistent state (``ClientState``), by client id; each actor answers
+        after the tasks it already has (the last round's validation)."""
+        return {cid: s for part in ray.get([a.snapshot.remote() for a in self.actors])
+                for cid, s in part.items()}
+
+    def restore(self, states: dict[int, Any]) -> None:
+        """Continue every client from its checkpointed state, on its home actor."""
+        ray.get([self.actors[self.home[cid]].set_state.remote(cid, state)
+                 for cid, state in states.items()])
 
     def shutdown(self) -> None:
         for a in self.actors:

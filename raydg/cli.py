@@ -17,6 +17,7 @@ from raydg import config as config_mod
 from raydg.datasets import DATA_ROOT_ENV, DATASETS
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
+from raydg.tracking import TrackingError
 from raydg.transforms import TRANSFORMS
 
 
@@ -27,9 +28,17 @@ class Cli(click.Group):
         except RaydgError as err:
             click.echo(f"raydg: error: {err}", err=True)
             ctx.exit(2)
+        except TrackingError as err:
+            click.echo(f"raydg: error: {err}", err=True)
+            ctx.exit(1)
         except KeyboardInterrupt as err:
+            from raydg.experiment import TERMINATED
+
             click.echo(f"raydg: interrupted{f' ({err})' if str(err) else ''}", err=True)
-            ctx.exit(130)
+            directory = getattr(err, "experiment_dir", None)
+            if directory:
+                click.echo(f"raydg: continue with: raydg resume {directory}", err=True)
+            ctx.exit(143 if TERMINATED.is_set() else 130)
 
 
 @click.group(cls=Cli)
@@ -145,6 +154,19 @@ def sweep(sweep_file: str, sets: tuple[str, ...], grid: tuple[str, ...],
     """Run the search of SWEEP_FILE (config keys plus 'grid' and/or 'random') over every target
     and seed; select hyper-parameters per target by training-domain validation."""
     _experiment(sweep_file, {**options, "seeds": list(seeds)}, sets, grid, need_search=True)
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--tracking-uri", help="MLflow store of the run, when TARGET is a run id.")
+def resume(target: str, tracking_uri: str | None) -> None:
+    """Continue an interrupted experiment: TARGET is its folder (printed at its start and when
+    it stops) or its MLflow parent run id. Finished federations are kept, the others continue
+    from their last checkpoints, into the same MLflow run."""
+    from raydg.experiment import resume_target, run_experiment
+
+    run_experiment(config_mod.RunConfig(), out=click.echo,
+                   resume=resume_target(target, tracking_uri))
 
 
 @cli.group()

@@ -22,6 +22,7 @@ from torch import nn
 
 from raydg import seeding
 from raydg import state as st
+from raydg.checkpoint import register_dataclass
 from raydg.config import RunConfig
 from raydg.datasets import to_inputs
 from raydg.errors import RaydgError
@@ -45,6 +46,7 @@ def pick_device(gpus: float) -> torch.device:
     return torch.device("cuda")
 
 
+@register_dataclass
 @dataclass
 class ClientState:
     """A client's persistent state; it travels with the client if it changes actor."""
@@ -120,6 +122,14 @@ class ClientHost(Runtime):
     def release(self, cid: int) -> ClientState:
         """Stop hosting a client and hand back its persistent state."""
         return self.slots.pop(cid).state
+
+    def snapshot(self) -> dict[int, ClientState]:
+        """The persistent state of every hosted client (for a checkpoint)."""
+        return {cid: slot.state for cid, slot in self.slots.items()}
+
+    def set_state(self, cid: int, state: ClientState) -> None:
+        """Continue a hosted client from a checkpointed state."""
+        self.slots[cid].state = state
 
     def _context(self, cid: int, rnd: int, global_state: st.State) -> ClientContext:
         """Seed the client's streams for this round and load its view of the global model."""

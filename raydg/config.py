@@ -63,6 +63,8 @@ class RunConfig:
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
     address: str | None = None  # Ray cluster address; None: a local Ray (or RAY_ADDRESS)
+    checkpoint_every: int | None = None  # rounds; None: as often as costs < 2 % of the time
+    max_failures: int = 2  # restarts of a federation from its checkpoint (lost actor or node)
     max_concurrent: int | None = None  # federations at once; None: as many as the cluster holds
     placement: str = "pack"  # how a federation's actors spread over nodes: pack | spread
     storage: str | None = None  # trials' results: folder or URI; None: $RAYDG_STORAGE or here

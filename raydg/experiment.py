@@ -4,15 +4,21 @@ concurrent Ray Tune trials (:mod:`raydg.runner`), tracked and summarised."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import re
+import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
 
-from raydg.config import RunConfig, Search
+from raydg import reaper
+from raydg.config import RunConfig, Search, to_dict
 from raydg.datasets import load_dataset
 from raydg.datasets.cache import cache_root
 from raydg.errors import RaydgError
@@ -26,8 +32,15 @@ from raydg.results import (
     select_settings,
     summary_rows,
 )
-from raydg.runner import check_storage, fit_actors, run_federations
-from raydg.tracking import Tracker
+from raydg.runner import (
+    check_storage,
+    experiment_dir,
+    fit_actors,
+    read_manifest,
+    run_federations,
+    write_manifest,
+)
+from raydg.tracking import Tracker, check_store, tracking_uri
 
 CONNECT_TIMEOUT = 5.0  # seconds to reach a named Ray cluster before giving up
 
@@ -75,10 +88,36 @@ def ray_session(cfg: RunConfig) -> Iterator[bool]:
                  log_to_driver=True)
     except ConnectionError as err:
         raise RaydgError(f"cannot join a Ray cluster at {address}: {err}") from None
+    if address is None:
+        reaper.watch()  # this machine's Ray ends with raydg, however raydg ends
     try:
-        yield address is None
+        with stop_on_sigterm():
+            yield address is None
     finally:
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM stops the experiment as Ctrl-C does (Tune stops every trial, runs end KILLED,
+    nothing is left running) instead of Ray's native abort; ``TERMINATED`` says it was
+    SIGTERM. Installed after ``ray.init``, which sets its own handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(_signum: int, _frame: Any) -> None:
+        TERMINATED.set()
+        os.kill(os.getpid(), signal.SIGINT)  # Tune's SIGINT handler, or KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+TERMINATED = threading.Event()  # the experiment was stopped by SIGTERM
 
 
 def _final_metrics(plan: Plan, summary: list[dict[str, Any]],
@@ -92,10 +131,37 @@ def _final_metrics(plan: Plan, summary: list[dict[str, Any]],
             for r in selection if r["target"] == "Avg"}
 
 
+def resume_target(target: str, tracking: str | None = None) -> str:
+    """The experiment folder that ``raydg resume TARGET`` continues: TARGET itself, or the
+    folder recorded on the MLflow parent run whose id TARGET is."""
+    if "://" in target or Path(target).exists() or not re.fullmatch(r"[0-9a-f]{32}", target):
+        return target
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    uri = tracking_uri(RunConfig(tracking_uri=tracking))
+    try:
+        tags = MlflowClient(uri).get_run(target).data.tags
+    except MlflowException as err:
+        raise RaydgError(f"no MLflow run {target} in {uri}: {err.message}") from None
+    if "raydg.experiment_dir" not in tags:
+        raise RaydgError(f"MLflow run {target} is not the parent run of a raydg experiment")
+    return tags["raydg.experiment_dir"]
+
+
 def run_experiment(cfg: RunConfig, search: Search | None = None,
-                   out: Callable[[str], None] = print) -> ExperimentResult:
+                   out: Callable[[str], None] = print,
+                   resume: str | None = None) -> ExperimentResult:
     """Plan ``cfg`` (x ``search``), check everything that can be checked before Ray starts,
-    run every federation as a Tune trial, log everything to MLflow, print the tables."""
+    run every federation as a Tune trial, log everything to MLflow, print the tables.
+
+    ``resume``: an experiment folder; its manifest gives the config and search (``cfg`` and
+    ``search`` are ignored), finished federations are kept, unfinished ones continue from
+    their checkpoints, into the same MLflow parent run."""
+    manifest = read_manifest(resume) if resume else None
+    if manifest is not None:
+        cfg, search = RunConfig(**manifest["config"]), Search(**manifest["search"])
+    cfg = dataclasses.replace(cfg, tracking_uri=tracking_uri(cfg))
     plan = plan_experiment(cfg, search)
     base = plan.config
     cache = cache_root(base.cache_dir) if base.cache else None
@@ -104,14 +170,22 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     check_federations(plan, data)
     weights = starting_weights(plan, data, cache_root(base.cache_dir), out)
     check_storage(base.storage)
+    check_store(base.tracking_uri)
     sources = len(data.domains) - 1
-    with ray_session(base) as local, Tracker(base, plan.label, plan.search) as tracker:
+    run_id = manifest["run_id"] if manifest else None
+    with ray_session(base) as local, Tracker(base, plan.label, plan.search, run_id) as tracker:
+        directory = resume or experiment_dir(plan, tracker.run_id)
+        if manifest is None:
+            write_manifest(directory, {"run_id": tracker.run_id, "config": to_dict(cfg),
+                                       "search": dataclasses.asdict(plan.search)})
+            tracker.set_tag("raydg.experiment_dir", directory)
         feds = fit_actors(plan, lambda c: c.clients or sources, local, out)
         search = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
         out(f"raydg: {plan.label} on {base.dataset}, targets {plan.targets}, seeds "
             f"{base.seeds}{search}, {base.rounds} rounds x {base.local_steps} local steps; "
             f"MLflow run {tracker.run_id}")
-        runs = run_federations(plan, feds, data, weights, tracker, out)
+        runs = run_federations(plan, feds, data, weights, tracker, out, directory,
+                               resume=manifest is not None)
         rows = long_rows(runs)
         summary = summary_rows(rows, plan.targets)
         printed = format_summary(summary, plan.targets, len(base.seeds))

@@ -10,7 +10,6 @@ global model is built with them.
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,8 +87,9 @@ def file_state(path: str | Path) -> dict[str, Tensor]:
         raise RaydgError(f"weights file {path!r} does not exist")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, ValueError, pickle.UnpicklingError) as err:
-        raise RaydgError(f"cannot load weights file {path}: {err}") from None
+    except Exception as err:  # an untrusted file fails in many ways (EOFError, IndexError, ..)
+        raise RaydgError(f"cannot load weights file {path}: {type(err).__name__}: "
+                         f"{str(err).splitlines()[0] if str(err) else 'unreadable'}") from None
     if not isinstance(state, dict):
         raise RaydgError(f"weights file {path} holds a {type(state).__name__}, not a state dict")
     return state

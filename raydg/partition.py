@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from raydg import seeding
+from raydg.checkpoint import register_dataclass
 from raydg.datasets import MultiDomainDataset
 from raydg.errors import RaydgError
 
@@ -20,6 +21,7 @@ MIN_CLIENT_SAMPLES = 10
 DIRICHLET_TRIES = 1000
 
 
+@register_dataclass
 @dataclass
 class ClientData:
     """One client's shard: uint8 images and labels, split into train and validation."""

@@ -100,7 +100,8 @@ def validate(cfg: RunConfig) -> None:
     n = cfg.clients or sources
     _check(cfg.sample is None or cfg.sample <= n,
            f"--sample {cfg.sample} is more than the {n} clients (K must be <= N)")
-    _check(0 <= cfg.val_fraction < 1, f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
+    _check(0 < cfg.val_fraction < 1, f"val_fraction must be in (0, 1), got {cfg.val_fraction}: "
+           "model selection needs each client's source-validation split")
     _check(cfg.agg_weights in ("samples", "uniform"),
            f"agg_weights must be 'samples' or 'uniform', got {cfg.agg_weights!r}")
     _check(cfg.actors is None or cfg.actors > 0, f"actors must be positive, got {cfg.actors}")
@@ -110,6 +111,9 @@ def validate(cfg: RunConfig) -> None:
     _check(cfg.gpus_per_actor >= 0, "gpus_per_actor must be >= 0")
     _check(cfg.lr_schedule in LR_SCHEDULES,
            f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {cfg.lr_schedule!r}")
+    _check(cfg.checkpoint_every is None or cfg.checkpoint_every > 0,
+           f"checkpoint_every must be positive, got {cfg.checkpoint_every}")
+    _check(cfg.max_failures >= 0, f"max_failures must be >= 0, got {cfg.max_failures}")
     _check(cfg.max_concurrent is None or cfg.max_concurrent > 0,
            f"max_concurrent must be positive, got {cfg.max_concurrent}")
     _check(cfg.placement in PLACEMENTS,

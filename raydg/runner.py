@@ -17,6 +17,7 @@ finished federation's result from its checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -33,6 +34,7 @@ import ray
 from ray import tune
 from torch import Tensor
 
+from raydg import checkpoint
 from raydg.config import RunConfig
 from raydg.datasets import MultiDomainDataset
 from raydg.errors import RaydgError
@@ -43,14 +45,36 @@ from raydg.tracking import Tracker
 FEDERATION = "federation"  # the trainable's name and its key in each trial's config
 
 
+class Cadence:
+    """When a federation writes a checkpoint: every ``every`` rounds, or, by default, as soon
+    as the time since the last one is ``1 / BUDGET`` times what the last one cost, so that
+    checkpoints take at most ``BUDGET`` of the run (the first after round 1)."""
+
+    BUDGET = 0.02
+
+    def __init__(self, every: int | None) -> None:
+        self.every, self.cost, self.last = every, 0.0, time.perf_counter()
+
+    def due(self, rnd: int) -> bool:
+        if self.every is not None:
+            return rnd % self.every == 0
+        return time.perf_counter() - self.last >= self.cost / self.BUDGET
+
+    def done(self, seconds: float) -> None:
+        self.cost, self.last = seconds, time.perf_counter()
+
+
 def federation(config: dict[str, Any], data: MultiDomainDataset,
                weights: dict[str, dict[str, Tensor]]) -> None:
     """The Tune trainable: the driver of one federation, running in the trial's actor.
 
-    Reports each round's metrics (``row``) with the progress messages logged since the last
-    report (``messages``), then, in a last report without a row, the result, written by
-    :meth:`FederationResult.save`, as its checkpoint. ``weights`` are the experiment's initial
-    backbones (:func:`~raydg.pretrain.starting_weights`)."""
+    Continues from the trial's last checkpoint when Tune restarts it (a lost actor or node, a
+    resumed experiment). Reports each round's metrics (``row``) with the progress messages
+    logged since the last report (``messages``); at the :class:`Cadence`'s rounds the report
+    carries a checkpoint (:mod:`raydg.checkpoint`). The last report has no row: its checkpoint
+    is the result, written by :meth:`FederationResult.save`. ``weights`` are the
+    experiment's initial backbones
+    (:func:`~raydg.pretrain.starting_weights`)."""
     from raydg.simulation import Simulation
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # no line per checkpoint
@@ -60,15 +84,51 @@ def federation(config: dict[str, Any], data: MultiDomainDataset,
 
     def report(row: dict[str, float] | None = None, **extra: Any) -> None:
         sent, messages[:] = list(messages), []
-        tune.report({"raydg": {"row": row, "messages": sent}}, **extra)
+        payload = {"row": row, "messages": sent}
+        payload.update(extra.pop("info", {}))
+        tune.report({"raydg": payload}, **extra)
 
+    last = tune.get_checkpoint()
+    if last is not None and _is_result(last):  # finished, then lost before Tune knew
+        report(checkpoint=last)
+        return
+    restore = _restored(last, spec)
+    if restore is not None:
+        messages.append(f"continues from its checkpoint after round {restore['round']}")
     sim = Simulation(cfg, data, cfg.target, cfg.seed, log=messages.append,
-                     weights=weights.get(weights_key(cfg)))
-    result = sim.run(report)
+                     weights=weights.get(weights_key(cfg)), restore=restore)
+    cadence = Cadence(cfg.checkpoint_every)
+
+    def on_round(row: dict[str, float]) -> None:
+        if not (sim.resumable and cadence.due(int(row["round"]))):
+            report(row)
+            return
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint.write(Path(tmp), sim.snapshot(), spec["config"])
+            size = sum(f.stat().st_size for f in Path(tmp).iterdir())
+            report(row, checkpoint=tune.Checkpoint.from_directory(tmp),
+                   info={"checkpoint": {"bytes": size}})
+        cadence.done(time.perf_counter() - start)
+
+    result = sim.run(on_round)
     result.setting = spec["setting"]
     with tempfile.TemporaryDirectory() as tmp:
         result.save(Path(tmp))
         report(checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
+def _is_result(last: tune.Checkpoint) -> bool:
+    with last.as_directory() as folder:
+        return not checkpoint.is_checkpoint(Path(folder))
+
+
+def _restored(last: tune.Checkpoint | None, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """The state of the trial's last checkpoint, if Tune restarted it from one."""
+    if last is None:
+        return None
+    with last.as_directory() as folder:
+        return checkpoint.read(Path(folder), spec["config"])
 
 
 def trial_resources(config: dict[str, Any]) -> tune.PlacementGroupFactory:
@@ -183,8 +243,13 @@ class Progress:
 
 
 class Collector(tune.Callback):
-    """Runs where ``Tuner.fit`` runs: logs every report to MLflow, prints progress, and loads
-    each finished federation's result from its last checkpoint."""
+    """Runs where ``Tuner.fit`` runs: logs every report to MLflow (each round once, also when a
+    restarted or resumed trial reports it again), prints progress and restarts, and loads each
+    finished federation's result from its last checkpoint. A federation that fails for good
+    (its restarts spent) stops the experiment (:class:`StopOnError`).
+
+    Tune saves its callbacks with the experiment; a Collector is saved as a reference to the
+    collector of whichever process resumes the experiment (:data:`ACTIVE`)."""
 
     def __init__(self, feds: list[Federation], tracker: Tracker,
                  out: Callable[[str], None]) -> None:
@@ -192,6 +257,11 @@ class Collector(tune.Callback):
         self.tracker, self.out = tracker, out
         self.progress = Progress(feds, out)
         self.results: dict[str, FederationResult] = {}
+        self.logged = {f.key: tracker.last_round(f.key) for f in feds}
+        self.failed = False
+
+    def __reduce__(self) -> tuple:
+        return _active, ("collector",)
 
     def _fed(self, trial: Any) -> Federation:
         return self.feds[trial.config[FEDERATION]["key"]]
@@ -206,23 +276,203 @@ class Collector(tune.Callback):
         fed, report = self._fed(trial), result["raydg"]
         for message in report["messages"]:
             self.out(f"[{fed.title()}] {message}")
-        if report["row"] is not None:
-            self.tracker.log_round(fed.key, report["row"])
-            self.progress(fed, report["row"])
+        row = report["row"]
+        if row is not None and row["round"] > self.logged[fed.key]:
+            self.logged[fed.key] = int(row["round"])
+            self.tracker.log_round(fed.key, row)
+            if "checkpoint" in report:
+                self.tracker.log_checkpoint(fed.key, int(row["round"]), report["checkpoint"])
+            self.progress(fed, row)
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        fed = self._fed(trial)
+        restarts = self.tracker.restarted(fed.key)
+        self.out(f"[{fed.title()}] failed ({_last_line(trial.error_file)}); restart "
+                 f"{restarts} of at most {fed.config.max_failures}, from its last checkpoint")
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         fed = self._fed(trial)
+        if fed.key in self.results or trial.checkpoint is None:
+            return
         with trial.checkpoint.as_directory() as folder:
+            if checkpoint.is_checkpoint(Path(folder)):
+                return  # stopped (Ctrl-C, another federation failed) before it finished
             result = FederationResult.load(Path(folder))
         self.tracker.log_result(fed.key, result)
         self.results[fed.key] = result
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.tracker.end_child(self._fed(trial).key, "FAILED")
+        self.failed = True
+
+
+def _last_line(path: str | None) -> str:
+    """The last line of a trial's error file: the exception, without its traceback."""
+    try:
+        with open(path or "") as f:
+            lines = [line.strip() for line in f if line.strip()]
+    except OSError:
+        return "a lost actor or node"
+    return lines[-1][:200] if lines else "a lost actor or node"
+
+
+class StopOnError(tune.Stopper):
+    """Stops every trial once a federation failed for good."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+
+    def __reduce__(self) -> tuple:
+        return _active, ("stopper",)
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.collector.failed
+
+
+ACTIVE: dict[str, Any] = {}  # this process's collector and stopper (see Collector)
+
+
+def _active(name: str) -> Any:
+    return ACTIVE[name]
 
 
 def _spec(fed: Federation) -> dict[str, Any]:
     return {"key": fed.key, "config": dataclasses.asdict(fed.config), "setting": fed.setting}
+
+
+MANIFEST = "raydg.json"  # in the experiment's folder: what `raydg resume` needs
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the experiment; ``raydg resume EXPERIMENT_DIR`` continues."""
+
+    def __init__(self, message: str, experiment_dir: str) -> None:
+        super().__init__(message)
+        self.experiment_dir = experiment_dir
+
+
+def experiment_dir(plan: Plan, run_id: str) -> str:
+    """A new experiment's folder (or URI) under ``storage``, named after the dataset, the
+    method(s), the time and the MLflow run."""
+    label = re.sub(r"[^\w.+=-]+", "_", plan.label)
+    name = f"{plan.config.dataset}-{label}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
+    return f"{plan.config.storage.rstrip('/')}/{name}"
+
+
+def _filesystem(path: str) -> tuple[Any, str]:
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(path if "://" in path else Path(path).absolute().as_uri())
+
+
+def write_manifest(directory: str, manifest: dict[str, Any]) -> None:
+    fs, path = _filesystem(directory)
+    fs.create_dir(path, recursive=True)
+    with fs.open_output_stream(f"{path}/{MANIFEST}") as f:
+        f.write(json.dumps(manifest, indent=1).encode())
+
+
+def read_manifest(directory: str) -> dict[str, Any]:
+    """What an experiment was started with (its config, search and MLflow run); a one-line
+    error naming the file if it is missing or unreadable."""
+    where = f"{directory.rstrip('/')}/{MANIFEST}"
+    try:
+        fs, path = _filesystem(where)
+        with fs.open_input_stream(path) as f:
+            manifest = json.loads(f.read())
+        if not {"run_id", "config", "search"} <= set(manifest):
+            raise ValueError("keys run_id, config and search are missing")
+    except (OSError, ValueError) as err:
+        raise RaydgError(f"{where} is not a raydg experiment's manifest: {err}") from None
+    return manifest
+
+
+def verify_checkpoints(directory: str, feds: list[Federation]) -> None:
+    """Before a resume: each federation's latest checkpoint in ``directory`` is whole and
+    belongs to it (a one-line error naming the file otherwise), so that a bad one stops the
+    resume before anything runs or is written."""
+    import pyarrow.fs as pafs
+
+    fs, path = _filesystem(directory)
+    configs = {f.key: dataclasses.asdict(f.config) for f in feds}
+
+    def folders(where: str, prefix: str) -> list[str]:
+        return sorted(i.path for i in fs.get_file_info(pafs.FileSelector(where))
+                      if i.type == pafs.FileType.Directory and i.base_name.startswith(prefix))
+
+    for trial in folders(path, ""):
+        name = trial.rsplit("/", 1)[-1]
+        key = max((k for k in configs if name.startswith(f"{k}-")), key=len, default=None)
+        points = folders(trial, "checkpoint_") if key else []
+        if not points:
+            continue
+        if isinstance(fs, pafs.LocalFileSystem):
+            if checkpoint.is_checkpoint(Path(points[-1])):
+                checkpoint.read(Path(points[-1]), configs[key])
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            pafs.copy_files(points[-1], tmp, source_filesystem=fs)
+            try:
+                if checkpoint.is_checkpoint(Path(tmp)):
+                    checkpoint.read(Path(tmp), configs[key])
+            except RaydgError as err:
+                raise RaydgError(str(err).replace(tmp, points[-1])) from None
+
+
+def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset,
+                    weights: dict[str, dict[str, Tensor]], tracker: Tracker,
+                    out: Callable[[str], None], directory: str,
+                    resume: bool = False) -> list[FederationResult]:
+    """Run every federation as a Tune trial in the experiment folder ``directory`` (as many
+    at once as the cluster holds, at most ``max_concurrent``), or, with ``resume``, continue
+    an interrupted experiment there: finished federations are not run again, unfinished ones
+    continue from their checkpoints. Their results, in the order of ``feds``.
+
+    A lost actor or node restarts a federation from its last checkpoint, up to
+    ``max_failures`` times. A failure that outlasts them stops the experiment: a user error
+    (:class:`RaydgError`) is raised as such, anything else as a ``RuntimeError`` carrying the
+    trial's error. Ctrl-C stops every trial (Tune's handler) and is raised as
+    :class:`Interrupted`."""
+    cfg = plan.config
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's old console path is silent at verbose=0
+    collector = Collector(feds, tracker, out)
+    ACTIVE.update(collector=collector, stopper=StopOnError(collector))
+    trainable = tune.with_resources(tune.with_parameters(federation, data=data,
+                                                         weights=weights), trial_resources)
+    if resume:
+        verify_checkpoints(directory, feds)
+        out(f"raydg: resuming the experiment in {directory}")
+        tuner = tune.Tuner.restore(directory, trainable, resume_unfinished=True,
+                                   resume_errored=True)
+    else:
+        storage, _, name = directory.rpartition("/")
+        tuner = tune.Tuner(
+            trainable, param_space={FEDERATION: tune.grid_search([_spec(f) for f in feds])},
+            tune_config=tune.TuneConfig(
+                max_concurrent_trials=cfg.max_concurrent, reuse_actors=True,
+                trial_name_creator=lambda t: t.config[FEDERATION]["key"],
+                trial_dirname_creator=lambda t: f"{t.config[FEDERATION]['key']}-{t.trial_id}"),
+            run_config=tune.RunConfig(
+                name=name, storage_path=storage, verbose=0, callbacks=[collector],
+                stop=ACTIVE["stopper"],
+                failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
+        out(f"raydg: {len(feds)} federations as Tune trials, results in {directory}")
+    grid = tuner.fit()
+    for result in grid:
+        if result.error is not None:
+            cause = _root_cause(result.error)
+            if isinstance(cause, RaydgError):
+                raise RaydgError(str(cause))
+            raise RuntimeError(f"a federation failed: {result.error}") from result.error
+        _collect_earlier(result, collector)
+    missing = [f.key for f in feds if f.key not in collector.results]
+    if missing:  # no error, yet unfinished: Tune's SIGINT handler stopped the trials
+        raise Interrupted(f"stopped before {', '.join(missing)} finished", directory)
+    return [collector.results[f.key] for f in feds]
 
 
 def _root_cause(err: BaseException) -> BaseException:
@@ -237,40 +487,16 @@ def _root_cause(err: BaseException) -> BaseException:
     return err
 
 
-def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset,
-                    weights: dict[str, dict[str, Tensor]], tracker: Tracker,
-                    out: Callable[[str], None]) -> list[FederationResult]:
-    """Run every federation as a Tune trial (as many at once as the cluster holds, at most
-    ``max_concurrent``); their results, in the order of ``feds``.
-
-    A failed trial stops the experiment: a user error (:class:`RaydgError`) is raised as such,
-    anything else as a ``RuntimeError`` that carries the trial's error. Ctrl-C stops every
-    trial (Tune's handler) and is raised as ``KeyboardInterrupt``."""
-    cfg = plan.config
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's old console path is silent at verbose=0
-    label = re.sub(r"[^\w.+=-]+", "_", plan.label)
-    name = f"{cfg.dataset}-{label}-{time.strftime('%Y%m%d-%H%M%S')}-{tracker.run_id[:8]}"
-    collector = Collector(feds, tracker, out)
-    tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(federation, data=data, weights=weights),
-                            trial_resources),
-        param_space={FEDERATION: tune.grid_search([_spec(f) for f in feds])},
-        tune_config=tune.TuneConfig(
-            max_concurrent_trials=cfg.max_concurrent, reuse_actors=True,
-            trial_name_creator=lambda t: t.config[FEDERATION]["key"],
-            trial_dirname_creator=lambda t: f"{t.config[FEDERATION]['key']}-{t.trial_id}"),
-        run_config=tune.RunConfig(
-            name=name, storage_path=cfg.storage, verbose=0, callbacks=[collector],
-            failure_config=tune.FailureConfig(fail_fast=True)))
-    out(f"raydg: {len(feds)} federations as Tune trials, results in {cfg.storage}/{name}")
-    grid = tuner.fit()
-    for result in grid:
-        if result.error is not None:
-            cause = _root_cause(result.error)
-            if isinstance(cause, RaydgError):
-                raise RaydgError(str(cause))
-            raise RuntimeError(f"a federation failed: {result.error}") from result.error
-    missing = [f.key for f in feds if f.key not in collector.results]
-    if missing:  # no error, yet unfinished: Tune's SIGINT handler stopped the trials
-        raise KeyboardInterrupt(f"stopped before {', '.join(missing)} finished")
-    return [collector.results[f.key] for f in feds]
+def _collect_earlier(result: Any, collector: Collector) -> None:
+    """A federation that finished in an earlier run of a resumed experiment: its result from
+    its final checkpoint (logged to MLflow if that run ended before it could be)."""
+    key = result.config[FEDERATION]["key"]
+    if key in collector.results or result.checkpoint is None:
+        return
+    with result.checkpoint.as_directory() as folder:
+        if checkpoint.is_checkpoint(Path(folder)):
+            return  # unfinished
+        loaded = FederationResult.load(Path(folder))
+    if not collector.tracker.finished(key):
+        collector.tracker.log_result(key, loaded)
+    collector.results[key] = loaded

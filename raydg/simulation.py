@@ -47,11 +47,13 @@ class Simulation:
 
     def __init__(self, cfg: RunConfig, data: MultiDomainDataset, target: str, seed: int,
                  log: Callable[[str], None] = print, method: Method | None = None,
-                 weights: dict[str, Tensor] | None = None) -> None:
+                 weights: dict[str, Tensor] | None = None,
+                 restore: dict[str, Any] | None = None) -> None:
         """``method`` defaults to the registered ``cfg.method`` with ``cfg.options``; passing an
         instance runs a method that is not registered (e.g. one defined in a notebook).
         ``weights`` is the backbone's initial state as the experiment loaded it (default: load
-        ``cfg``'s pretrained start here, if it has one)."""
+        ``cfg``'s pretrained start here, if it has one). ``restore`` is a :meth:`snapshot` to
+        continue from."""
         self.config = dataclasses.replace(cfg, target=target, seeds=[seed])
         self.label = method_label(cfg, method)
         self.log = log
@@ -78,6 +80,11 @@ class Simulation:
         self.tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._has_local: set[int] = set()
         self._steps = 0  # local steps of client phases since the last round's row
+        self.history: list[dict[str, float]] = []  # rounds whose evaluation has finished
+        self._sampler = seeding.numpy_rng(seed, seeding.SAMPLING)
+        # the last aggregated round, its evaluation under way: (row, futures, start)
+        self._pending: tuple[dict[str, float], Any, float] | None = None
+        self._restored_row: dict[str, float] | None = None
         test = data.domain(target)
         # the target domain stays on the driver (which checks its device before any actor
         # starts); evaluation runs in a thread beside the rounds
@@ -85,6 +92,42 @@ class Simulation:
                                    data.std, test.x, test.y)
         self._evaluation = ThreadPoolExecutor(1, thread_name_prefix="target-evaluation")
         self.pool = ClientPool(method, self.config, self.spec, data.mean, data.std, clients)
+        if restore is not None:
+            try:
+                self._restore(restore)
+            except BaseException:
+                self.pool.shutdown()
+                raise
+
+    # ------------------------------------------------------------------ checkpoints
+    @property
+    def resumable(self) -> bool:
+        """Whether a :meth:`snapshot` can be taken now (between two rounds)."""
+        return self._pending is not None
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything the federation needs to continue after the last aggregation: the global
+        model, the rows of the evaluated rounds and the training row of the last round (its
+        evaluation is redone on restore), ledger, tables, the sampler's state, every client's
+        persistent state (local tensors, method memory) and the method's server state. Client
+        randomness needs no state: it is derived from (seed, client, round)."""
+        assert self._pending is not None, "a snapshot is taken between rounds"
+        return {"round": self.round, "global_state": self.global_state,
+                "history": self.history, "pending": self._pending[0],
+                "ledger": self.ledger.rows, "tables": dict(self.tables),
+                "has_local": sorted(self._has_local), "steps": self._steps,
+                "sampler": self._sampler.bit_generator.state,
+                "clients": self.pool.snapshot(), "server": self.method.server_state()}
+
+    def _restore(self, snap: dict[str, Any]) -> None:
+        self.round, self.global_state = snap["round"], snap["global_state"]
+        self.history, self._restored_row = snap["history"], snap["pending"]
+        self.ledger.rows = snap["ledger"]
+        self.tables.update(snap["tables"])
+        self._has_local, self._steps = set(snap["has_local"]), snap["steps"]
+        self._sampler.bit_generator.state = snap["sampler"]
+        self.pool.restore(snap["clients"])
+        self.method.load_server_state(snap["server"])
 
     # ------------------------------------------------------------------ Server protocol
     def call_clients(self, phase: str, payload: Any = None, *, kind: str,
@@ -161,32 +204,35 @@ class Simulation:
 
     def run(self, on_round: Callable[[dict[str, float]], None] | None = None
             ) -> FederationResult:
-        """All rounds. Round r's evaluation runs while round r+1 trains (each actor runs its
-        tasks in submission order, so round r validates every client where it was hosted then);
-        ``round_seconds`` is the time from one round's start to the next's."""
+        """All rounds (after a restore, the rest). Round r's evaluation runs while round r+1
+        trains (each actor runs its tasks in submission order, so round r validates every
+        client where it was hosted then); ``round_seconds`` is the time from one round's start
+        to the next's. ``on_round(row)`` is called as each round's evaluation finishes, when
+        the next round is aggregated: the moment a :meth:`snapshot` may be taken."""
         cfg = self.config
         n, k = len(self.client_ids), clients_per_round(cfg, len(self.client_ids))
-        sampler = seeding.numpy_rng(cfg.seed, seeding.SAMPLING)
-        history: list[dict[str, float]] = []
 
         def finish(row: dict[str, float], futures: Any, start: float,
                    end: float | None = None) -> None:
             row.update(self._finish_evaluation(futures))
             row["round_seconds"] = (end or time.perf_counter()) - start
-            history.append(row)
-            self._warn_on_collapse(history)
+            self.history.append(row)
+            self._warn_on_collapse(self.history)
             if on_round is not None:
                 on_round(row)
 
         try:
             self._record_placement()
-            self.method.setup(self)
-            pending: tuple[dict[str, float], Any, float] | None = None
+            if self._restored_row is None:
+                self.method.setup(self)
             global_ref = ray.put(self.global_state)  # then once per round, after aggregation
-            for rnd in range(1, cfg.rounds + 1):
+            if self._restored_row is not None:  # the restored round's evaluation, again
+                self._pending = (self._restored_row, self._start_evaluation(global_ref),
+                                 time.perf_counter())
+            for rnd in range(self.round + 1, cfg.rounds + 1):
                 start = time.perf_counter()
                 self.round = rnd
-                cids = sorted(int(c) for c in sampler.choice(n, size=k, replace=False))
+                cids = sorted(int(c) for c in self._sampler.choice(n, size=k, replace=False))
                 uploads = self.pool.train(cids, global_ref, rnd)
                 self._ledger_round(cids, uploads)
                 for u in uploads:
@@ -196,15 +242,16 @@ class Simulation:
                 row = self._training_metrics(rnd, uploads)
                 row.update(self.ledger.totals(rnd), clients_moved=self.pool.moved)
                 row.update(self.method.on_round_end(self))
-                futures = self._start_evaluation(global_ref)
-                if pending is not None:
-                    finish(*pending, end=start)
-                pending = (row, futures, start)
-            if pending is not None:
-                finish(*pending)
+                previous, self._pending = self._pending, (
+                    row, self._start_evaluation(global_ref), start)
+                if previous is not None:
+                    finish(*previous, end=start)
+            last, self._pending = self._pending, None
+            if last is not None:
+                finish(*last)
             for name, rows in self.evaluator.analyze(self.global_state).items():
                 self.tables[f"target_{name}"] = rows
-            return self._result(history)
+            return self._result(self.history)
         finally:
             self._evaluation.shutdown()
             self.pool.shutdown()

@@ -7,6 +7,11 @@ addressed by id through ``MlflowClient`` rather than MLflow's one-active-run flu
 The default store is ``sqlite:///mlflow.db`` in the working directory (no server needed);
 ``--tracking-uri`` or ``MLFLOW_TRACKING_URI`` override it. Browse with
 ``mlflow ui --backend-store-uri sqlite:///mlflow.db``.
+
+A tracking server that stops answering mid-run loses nothing: the calls that fail are kept, in
+order, and retried before every later call and at the end; what still fails then is reported
+as a :class:`TrackingError` (every result is in the experiment's Tune storage as well, and
+``raydg resume`` logs what is missing).
 """
 
 from __future__ import annotations
@@ -16,20 +21,56 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from raydg.config import RunConfig, Search, setting_label, to_dict
+from raydg.errors import RaydgError
 from raydg.results import FederationResult, plot, write_table
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_PARAMS = 100  # per MLflow log_batch call
+SERVER_TIMEOUT = 5.0  # seconds for a tracking server to answer before the run starts
+# MLflow's own HTTP retries would wait minutes for a server that is gone
+HTTP_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+
+
+class TrackingError(Exception):
+    """MLflow calls that still failed at the end of an experiment."""
 
 
 def tracking_uri(cfg: RunConfig) -> str:
-    return cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    """The store: ``--tracking-uri``, ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``, a
+    relative SQLite path made absolute (a resumed experiment finds the same store)."""
+    uri = cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).absolute())
+    return uri
+
+
+def check_store(uri: str) -> None:
+    """Refuse a tracking server that does not answer within ``SERVER_TIMEOUT`` seconds,
+    before Ray starts; create a SQLite store under a file lock (concurrent first runs would
+    race in MLflow's schema migration)."""
+    for key, value in HTTP_SETTINGS.items():
+        os.environ.setdefault(key, value)
+    if uri.startswith(("http://", "https://")):
+        import requests
+
+        try:
+            requests.get(f"{uri.rstrip('/')}/health", timeout=SERVER_TIMEOUT).raise_for_status()
+        except requests.RequestException as err:
+            raise RaydgError(f"the MLflow tracking server at {uri} does not answer: "
+                             f"{type(err).__name__}") from None
+    elif uri.startswith("sqlite:///"):
+        from filelock import FileLock
+        from mlflow import MlflowClient
+
+        with FileLock(uri[len("sqlite:///"):] + ".lock"):
+            MlflowClient(uri).search_experiments(max_results=1)
 
 
 def metric_name(name: str) -> str:
@@ -45,10 +86,12 @@ def flat_params(cfg: RunConfig) -> dict[str, str]:
 
 
 class Tracker:
-    """Opens the parent run on entry and ends it on exit (``FINISHED``, ``FAILED``, or
-    ``KILLED`` after Ctrl-C, with any child run still open); one child run per federation."""
+    """Opens the parent run on entry (or, resuming, takes up ``run_id`` and its children again)
+    and ends it on exit (``FINISHED``, ``FAILED``, or ``KILLED`` after Ctrl-C, with any child
+    run still open); one child run per federation, tagged ``raydg.key``."""
 
-    def __init__(self, cfg: RunConfig, label: str, search: Search | None = None) -> None:
+    def __init__(self, cfg: RunConfig, label: str, search: Search | None = None,
+                 run_id: str | None = None) -> None:
         """``label`` names the method(s) of the parent run."""
         from mlflow import MlflowClient
 
@@ -58,10 +101,18 @@ class Tracker:
         name = cfg.experiment or cfg.dataset
         found = self.client.get_experiment_by_name(name)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(name)
+        self.run_id = run_id or ""
         self.children: dict[str, str] = {}  # federation key -> run id
         self.open: set[str] = set()  # children not yet ended
+        self.done: set[str] = set()  # children FINISHED
+        self.restarts: dict[str, int] = {}
+        self.steps: dict[str, int] = {}  # the last round logged, by key
+        self.backlog: list[Callable[[], None]] = []  # calls that failed, to retry in order
 
     def __enter__(self) -> Tracker:
+        if self.run_id:
+            self._resume()
+            return self
         run = self.client.create_run(self.experiment_id, tags=self.tags(),
                                      run_name=f"{self.label} {self.cfg.dataset}")
         self.run_id = run.info.run_id
@@ -72,15 +123,58 @@ class Tracker:
         self._params(self.run_id, params)
         return self
 
+    def _resume(self) -> None:
+        """The parent run and its children again; a child left RUNNING by a process that was
+        killed continues (it is the same federation)."""
+        self.client.update_run(self.run_id, status="RUNNING")
+        for run in self.client.search_runs(
+                [self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}'",
+                max_results=10000):
+            key = run.data.tags.get("raydg.key")
+            if key is None:
+                continue
+            self.children[key] = run.info.run_id
+            history = self.client.get_metric_history(run.info.run_id, "val_acc")
+            self.steps[key] = max((m.step for m in history), default=0)
+            self.restarts[key] = int(run.data.metrics.get("restarts", 0))
+            (self.done if run.info.status == "FINISHED" else self.open).add(key)
+
     def __exit__(self, exc_type, exc, tb) -> None:
-        status = ("KILLED" if exc_type is KeyboardInterrupt
+        status = ("KILLED" if exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
                   else "FAILED" if exc_type else "FINISHED")
         for key in sorted(self.open):
             self.end_child(key, "KILLED" if status == "KILLED" else "FAILED")
-        self.client.set_terminated(self.run_id, status)
+        self._call(lambda: self.client.set_terminated(self.run_id, status))
+        self._flush()
+        if self.backlog and exc_type is None:
+            raise TrackingError(f"{len(self.backlog)} MLflow calls to {self.client.tracking_uri}"
+                                " failed until the end; every result is in the experiment's "
+                                "storage, and raydg resume logs what is missing")
 
     def tags(self) -> dict[str, str]:
         return {"raydg.method": self.label, "raydg.dataset": self.cfg.dataset}
+
+    def _call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` after the backlog; keep it (and say so, once) if MLflow fails."""
+        self._flush()
+        if self.backlog:
+            self.backlog.append(fn)
+            return
+        try:
+            fn()
+        except Exception as err:  # MLflow raises many kinds; each call is kept, not lost
+            self.backlog.append(fn)
+            logging.getLogger("raydg").warning(
+                "MLflow at %s failed (%s: %s); logging is kept and retried",
+                self.client.tracking_uri, type(err).__name__, err)
+
+    def _flush(self) -> None:
+        while self.backlog:
+            try:
+                self.backlog[0]()
+            except Exception:  # still unreachable: keep the backlog for the next try
+                return
+            self.backlog.pop(0)
 
     def _params(self, run_id: str, params: dict[str, str]) -> None:
         from mlflow.entities import Param
@@ -89,34 +183,67 @@ class Tracker:
         for i in range(0, len(items), MAX_PARAMS):
             self.client.log_batch(run_id, params=items[i:i + MAX_PARAMS])
 
+    def set_tag(self, key: str, value: str) -> None:
+        self._call(lambda: self.client.set_tag(self.run_id, key, value))
+
     def start_child(self, key: str, cfg: RunConfig, setting: dict[str, Any],
                     label: str) -> None:
-        """Open the child run of federation ``key`` (once; a restarted trial keeps its run);
-        ``label`` is its method as reported."""
+        """Open the child run of federation ``key`` (once; a restarted or resumed trial keeps
+        its run); ``label`` is its method as reported."""
         if key in self.children:
             return
         searched = setting_label(setting)
         tags = {**self.tags(), "raydg.method": label, "mlflow.parentRunId": self.run_id,
-                "raydg.target": cfg.target, "raydg.seed": str(cfg.seed)}
+                "raydg.target": cfg.target, "raydg.seed": str(cfg.seed), "raydg.key": key}
         if searched:
             tags["raydg.setting"] = searched
         name = f"{cfg.target} seed={cfg.seed}" + (f" {searched}" if searched else "")
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
-        self.children[key] = run.info.run_id
+        self.children[key] = ""
         self.open.add(key)
-        self._params(run.info.run_id, {**flat_params(cfg), "target": cfg.target,
-                                       "seed": str(cfg.seed)})
 
-    def _metrics(self, run_id: str, values: dict[str, float], step: int = 0) -> None:
+        def create() -> None:  # each kept call makes one MLflow request: a retry repeats none
+            self.children[key] = self.client.create_run(self.experiment_id, run_name=name,
+                                                        tags=tags).info.run_id
+
+        self._call(create)
+        self._call(lambda: self._params(self.children[key], {
+            **flat_params(cfg), "target": cfg.target, "seed": str(cfg.seed)}))
+
+    def last_round(self, key: str) -> int:
+        """The last round of federation ``key`` already logged (0: none)."""
+        return self.steps.get(key, 0)
+
+    def finished(self, key: str) -> bool:
+        return key in self.done
+
+    def _metrics(self, run_of: Callable[[], str], values: dict[str, float],
+                 step: int = 0) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(run_id, metrics=[Metric(metric_name(k), float(v), now, step)
-                                               for k, v in values.items()])
+        metrics = [Metric(metric_name(k), float(v), now, step) for k, v in values.items()]
+        self._call(lambda: self.client.log_batch(run_of(), metrics=metrics))
+
+    def _child(self, key: str) -> Callable[[], str]:
+        return lambda: self.children[key]
 
     def log_round(self, key: str, row: dict[str, float]) -> None:
-        self._metrics(self.children[key], {k: v for k, v in row.items() if k != "round"},
+        self.steps[key] = int(row["round"])
+        self._metrics(self._child(key), {k: v for k, v in row.items() if k != "round"},
                       int(row["round"]))
+
+    def log_checkpoint(self, key: str, rnd: int, info: dict[str, float]) -> None:
+        """The size of the checkpoint written after round ``rnd``."""
+        self._metrics(self._child(key), {"checkpoint_bytes": info["bytes"]}, rnd)
+
+    def restarted(self, key: str) -> int:
+        """Count a restart of federation ``key`` (metric and tag ``restarts``); the count."""
+        self.restarts[key] = self.restarts.get(key, 0) + 1
+        count = self.restarts[key]
+        self._metrics(self._child(key), {"restarts": count}, count)
+        self._call(lambda: self.client.set_tag(self.children[key], "raydg.restarts",
+                                               str(count)))
+        return count
 
     def log_result(self, key: str, result: FederationResult) -> None:
         """Final metrics of a child run and its tables (history, ledger, placement, method
@@ -126,14 +253,16 @@ class Tracker:
             metrics[f"final/target_acc_selected/{mode}"] = result.selected[mode]
             metrics[f"final/target_acc_last/{mode}"] = result.last[mode]
             metrics[f"final/target_acc_oracle/{mode}"] = result.oracle[mode]
-        self._metrics(self.children[key], metrics)
-        self.log_tables(self.children[key], {"history": result.history, **result.tables},
-                        plots=result.plots)
+        self._metrics(self._child(key), metrics)
+        tables = {"history": result.history, **result.tables}
+        self._call(lambda: self.log_tables(self.children[key], tables, plots=result.plots))
         self.end_child(key, "FINISHED")
 
     def end_child(self, key: str, status: str) -> None:
-        self.client.set_terminated(self.children[key], status)
+        self._call(lambda: self.client.set_terminated(self.children[key], status))
         self.open.discard(key)
+        if status == "FINISHED":
+            self.done.add(key)
 
     def log_tables(self, run_id: str, tables: dict[str, list[dict[str, Any]]],
                    text: dict[str, str] | None = None,
@@ -151,6 +280,7 @@ class Tracker:
 
     def log_summary(self, metrics: dict[str, float], tables: dict[str, list[dict[str, Any]]],
                     printed: str) -> None:
-        self._metrics(self.run_id, metrics)
+        self._metrics(lambda: self.run_id, metrics)
         config = yaml.safe_dump(to_dict(self.cfg), sort_keys=False)
-        self.log_tables(self.run_id, tables, {"config.yaml": config, "results.txt": printed})
+        self._call(lambda: self.log_tables(self.run_id, tables,
+                                           {"config.yaml": config, "results.txt": printed}))

@@ -83,6 +83,10 @@ BAD_INPUTS = [
     (["run", "digits-style", "--grid", "seeds=1,2"], "a search cannot vary 'seeds'"),
     (["run", "digits-style", "--grid", "rounds=2,0"], "rounds must be positive"),
     (["run", "digits-style", "--max-concurrent", "0"], "max_concurrent must be positive"),
+    (["run", "digits-style", "--tracking-uri", "http://127.0.0.1:9"],
+     "the MLflow tracking server at http://127.0.0.1:9 does not answer"),
+    (["run", "digits-style", "--set", "val_fraction=0"], "val_fraction must be in (0, 1)"),
+    (["run", "digits-style", "--set", "checkpoint_every=0"], "checkpoint_every must be positive"),
 ]
 
 SWEEP_FILES = [
@@ -160,3 +164,13 @@ def test_impossible_partition_is_refused_before_ray_starts(monkeypatch):
 def test_shipped_configs_resolve(path):
     cfg = resolve(apply(RunConfig(), load_yaml(path)))
     assert cfg.dataset in path.name
+
+
+@pytest.mark.parametrize("content", [b"", b"\x80\x02garbage not a zip", b"PK\x03\x04broken"])
+def test_an_unreadable_weights_file_is_one_line(tmp_path, content):
+    path = tmp_path / "w.pth"
+    path.write_bytes(content)
+    result = CliRunner().invoke(cli, ["run", "digits-style", "--weights", str(path)])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith(f"raydg: error: cannot load weights file {path}: ")

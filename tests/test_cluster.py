@@ -29,8 +29,8 @@ from raydg.config import RunConfig
 from raydg.experiment import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {"dataset": "digits-style", "target": "sketch", "rounds": 2, "local_steps": 4,
-        "batch_size": 16, "val_every": 2, "seeds": [0, 1]}
+TINY = {"dataset": "digits-style", "target": "sketch", "rounds": 5, "local_steps": 4,
+        "batch_size": 16, "val_every": 2, "seeds": [0, 1], "checkpoint_every": 1}
 
 
 def test_cluster_yaml_passes_rays_validation():
@@ -57,29 +57,46 @@ def _nodes(run, role):
 
 
 def test_two_node_cluster_places_federations_on_both_nodes_with_single_node_results(tmp_path):
+    """Two 1-CPU nodes: one federation on each, as on one node; then the worker node is
+    removed mid-run and its federation finishes on the head from its checkpoint, the same."""
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    removed: list[str] = []
+
+    def remove_worker(line: str) -> None:
+        if "] round 2/" in line and not removed:
+            (worker,) = cluster.worker_nodes
+            removed.append(worker.node_id)
+            cluster.remove_node(worker)
+
     try:
         cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         cfg = RunConfig(**TINY, method="fedbn", clients=4, address=cluster.address,
                         tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
         spread = run_experiment(cfg, out=lambda _: None)  # joins the cluster, then leaves it
+        lost = run_experiment(cfg, out=remove_worker)
     finally:
         ray.shutdown()
         cluster.shutdown()
     drivers = set.union(*(_nodes(r, "driver") for r in spread.runs))
     clients = set.union(*(_nodes(r, "client") for r in spread.runs))
     assert len(drivers) == 2 and drivers == clients  # one federation on each 1-CPU node
+    assert removed and all(_nodes(r, "client") != set(removed) for r in lost.runs)
+    client = MlflowClient(cfg.tracking_uri)
+    children = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id],
+                                  f"tags.mlflow.parentRunId = '{lost.run_id}'")
+    assert sorted(c.data.tags.get("raydg.restarts", "0") for c in children) == ["0", "1"]
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         local = run_experiment(dataclasses.replace(cfg, address=None), out=lambda _: None)
     finally:
         ray.shutdown()
-    for a, b in zip(spread.runs, local.runs, strict=True):
-        for k in a.global_state:
-            np.testing.assert_array_equal(a.global_state[k], b.global_state[k], err_msg=k)
-        assert [r["val_acc"] for r in a.history] == [r["val_acc"] for r in b.history]
-    assert spread.summary == local.summary
+    for other in (spread, lost):
+        for a, b in zip(other.runs, local.runs, strict=True):
+            for k in a.global_state:
+                np.testing.assert_array_equal(a.global_state[k], b.global_state[k], err_msg=k)
+            assert [r["val_acc"] for r in a.history] == [r["val_acc"] for r in b.history]
+        assert other.summary == local.summary
 
 
 def _free_port() -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -156,3 +158,31 @@ def test_office_caltech_home_merges_the_common_classes(tmp_path):
     assert data.classes == ["backpack", "laptop", "mug"]
     for d in data.domains:
         np.testing.assert_array_equal(d.y, [0, 1, 2])
+
+
+def test_an_empty_class_folder_is_refused(tmp_path):
+    _write_tree(tmp_path, PACS, ["dog", "horse"])
+    for image in (tmp_path / "PACS" / "photo" / "horse").iterdir():
+        image.unlink()
+    with pytest.raises(RaydgError, match=r"domain 'photo' has no images of class\(es\) "
+                                         r"\['horse'\]"):
+        load_dataset("pacs", str(tmp_path), 8)
+
+
+def test_cache_writes_leave_no_temporary_folders(tmp_path, monkeypatch):
+    from raydg.datasets import cache as cache_mod
+
+    _write_tree(tmp_path / "data", PACS, ["dog"])
+    cache = tmp_path / "cache"
+    orphan = cache / ".writing-999999999-abc"  # a writer that was killed (no such pid)
+    orphan.mkdir(parents=True)
+    mine = cache / f".writing-{os.getpid()}-live"  # a writer still running
+    mine.mkdir()
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cache_mod.np, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        load_dataset("pacs", str(tmp_path / "data"), 8, cache=cache)
+    assert sorted(p.name for p in cache.iterdir()) == [mine.name]  # orphan and own one gone

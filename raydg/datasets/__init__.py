@@ -148,10 +148,24 @@ def load_dataset(name: str, data_root: str | None, image_size: int | None,
     for d in data.domains:
         if len(d) == 0:
             raise RaydgError(f"{spec.name}: domain {d.name!r} has no images")
+    problems = missing_classes(data)
+    if problems:  # a class absent from a domain would silently shrink the task there
+        raise RaydgError(problems[0])
     if entry is not None:
         cache_mod.store(entry, data)
         log(f"{spec.name}: cached the decoded images in {entry}")
     return data
+
+
+def missing_classes(data: MultiDomainDataset) -> list[str]:
+    """One line per domain that has no image of some class."""
+    out = []
+    for d in data.domains:
+        absent = sorted(set(range(len(data.classes))) - {int(c) for c in np.unique(d.y)})
+        if absent:
+            out.append(f"{data.name}: domain {d.name!r} has no images of class(es) "
+                       f"{[data.classes[c] for c in absent]}")
+    return out
 
 
 def resolve_root(spec: DatasetSpec, data_root: str | None) -> Path | None:

@@ -52,10 +52,22 @@ def load(entry: Path) -> MultiDomainDataset | None:
                               tuple(meta["std"]))
 
 
+def _remove_orphans(folder: Path) -> None:
+    """Temporary folders of writers that were killed (their pid is in the name)."""
+    import psutil
+
+    for tmp in folder.glob(".writing-*-*"):
+        pid = tmp.name.split("-")[1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def store(entry: Path, data: MultiDomainDataset) -> None:
-    """Write ``data`` as a cache entry (atomically: a temporary folder renamed into place)."""
+    """Write ``data`` as a cache entry (atomically: a temporary folder renamed into place).
+    An interrupted write removes its folder; one killed outright is removed by the next."""
     entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".writing-"))
+    _remove_orphans(entry.parent)
+    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=f".writing-{os.getpid()}-"))
     try:
         for i, d in enumerate(data.domains):
             np.save(tmp / f"{i}_x.npy", np.ascontiguousarray(d.x))
@@ -64,7 +76,7 @@ def store(entry: Path, data: MultiDomainDataset) -> None:
                 "std": list(data.std), "domains": data.domain_names}
         (tmp / "meta.json").write_text(json.dumps(meta))
         tmp.rename(entry)
-    except OSError:
+    except BaseException as err:  # Ctrl-C included: never leave the temporary folder
         shutil.rmtree(tmp, ignore_errors=True)
-        if not (entry / "meta.json").is_file():  # not won by a concurrent writer
-            raise
+        if not isinstance(err, OSError) or not (entry / "meta.json").is_file():
+            raise  # (an OSError after a concurrent writer won the rename is no error)

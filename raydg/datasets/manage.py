@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from raydg.datasets import DATASETS, LoadRequest
+from raydg.datasets import DATASETS, LoadRequest, missing_classes
 from raydg.download import extract, fetch
 from raydg.errors import RaydgError
 
@@ -29,7 +29,7 @@ def check(name: str, root: Path, log: Log = print) -> list[str]:
         data = spec.load(request)
     except RaydgError as err:  # layout errors name every missing domain or file
         return [str(err)]
-    problems = [f"unreadable: {bad}" for _, bad in request.bad_files]
+    problems = [f"unreadable: {bad}" for _, bad in request.bad_files] + missing_classes(data)
     counts = [len(d) + sum(label == f"{spec.name}/{d.name}" for label, _ in request.bad_files)
               for d in data.domains]
     for d, n, want in zip(data.domains, counts, spec.expected or counts, strict=True):

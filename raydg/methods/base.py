@@ -263,6 +263,14 @@ class Method:
         """Extra per-round metrics to log."""
         return {}
 
+    def server_state(self) -> dict[str, Any]:
+        """What the method keeps on the driver between rounds (e.g. aggregation weights that
+        evolve), for checkpoints: arrays, numbers, strings, lists and dicts only."""
+        return {}
+
+    def load_server_state(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`server_state`."""
+
 
 def aggregation_weights(server: Server, uploads: list[Upload]) -> list[float]:
     """n_k (the papers' equations) or uniform (CCST's code), per ``agg_weights``."""

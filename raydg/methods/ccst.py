@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +41,7 @@ from torch import Tensor, nn
 
 from raydg.errors import RaydgError
 from raydg.methods import ClientContext, Method, Server, register
+from raydg.models import file_state
 from raydg.partition import ClientData
 
 Stylize = Callable[[np.ndarray, list[np.ndarray]], list[np.ndarray]]
@@ -128,16 +128,14 @@ def _load(module: nn.Module, path: str, option: str) -> None:
             f"ccst: encoder vgg needs options.{option} = an existing file (AdaIN's "
             f"{'vgg_normalised.pth' if option == 'encoder_weights' else 'decoder.pth'}); "
             f"got {path!r}. Use options.encoder=pixel to run without weights.")
-    try:
-        weights = torch.load(path, map_location="cpu", weights_only=True)
-        own = module.state_dict()
-        missing = sorted(set(own) - set(weights))
-        if missing:
-            raise RaydgError(f"ccst: {path} lacks {missing[:4]}; is it the AdaIN "
-                             f"{option.split('_')[0]}?")
-        module.load_state_dict({k: weights[k] for k in own})
-    except (RuntimeError, OSError, ValueError, pickle.UnpicklingError) as err:
-        raise RaydgError(f"ccst: cannot load {path}: {err}") from None
+    weights = file_state(path)
+    own = module.state_dict()
+    missing = sorted(set(own) - set(weights))
+    bad = sorted(k for k in own if k in weights and weights[k].shape != own[k].shape)
+    if missing or bad:
+        raise RaydgError(f"ccst: {path} lacks {missing[:4]} or has other shapes for "
+                         f"{bad[:4]}; is it the AdaIN {option.split('_')[0]}?")
+    module.load_state_dict({k: weights[k] for k in own})
 
 
 @functools.cache

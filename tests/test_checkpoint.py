@@ -1,0 +1,118 @@
+"""Checkpoints: a safe round trip of every kind of state, refusal of bad folders, and a
+federation restored from a snapshot that ends exactly where an undisturbed one does."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from raydg import checkpoint
+from raydg.client import ClientState
+from raydg.datasets import load_dataset
+from raydg.errors import RaydgError
+from raydg.partition import ClientData
+from raydg.simulation import Simulation
+from tests.conftest import tiny_config
+
+CONFIG = {"dataset": "digits-style", "rounds": 3, "actors": 2, "storage": "/a"}
+
+
+def _state():
+    data = ClientData(3, "sketch", np.arange(12, dtype=np.uint8).reshape(1, 3, 2, 2),
+                      np.array([7]), np.zeros((0, 3, 2, 2), np.uint8), np.zeros(0, np.int64))
+    return {"round": 2, "nested": {1: [np.float32(0.5), (1, "a")], "set": {3, 4}},
+            "clients": {0: ClientState({"w": np.ones((2, 2), np.float32)},
+                                       {"ccst_data": data, "t": torch.arange(3)})},
+            "sampler": np.random.default_rng(5).bit_generator.state, "none": None}
+
+
+def test_every_kind_of_state_round_trips_without_pickle(tmp_path):
+    checkpoint.write(tmp_path / "c", _state(), CONFIG)
+    back = checkpoint.read(tmp_path / "c", {**CONFIG, "actors": 7, "storage": "/b"})
+    assert back["round"] == 2 and back["none"] is None
+    assert back["nested"][1][0] == np.float32(0.5) and back["nested"][1][0].dtype == np.float32
+    assert back["nested"][1][1] == (1, "a") and back["nested"]["set"] == {3, 4}
+    client = back["clients"][0]
+    assert isinstance(client, ClientState) and isinstance(client.memory["ccst_data"], ClientData)
+    np.testing.assert_array_equal(client.memory["ccst_data"].train_x,
+                                  _state()["clients"][0].memory["ccst_data"].train_x)
+    assert torch.equal(client.memory["t"], torch.arange(3))
+    rng = np.random.default_rng(0)
+    rng.bit_generator.state = back["sampler"]
+    assert rng.random() == np.random.default_rng(5).random()
+    with np.load(tmp_path / "c" / "arrays.npz", allow_pickle=False) as npz:
+        assert len(npz.files) == 6  # w, the four ClientData arrays, the tensor
+
+
+def test_bad_checkpoints_are_refused_with_the_file_named(tmp_path):
+    folder = tmp_path / "c"
+    checkpoint.write(folder, _state(), CONFIG)
+    with pytest.raises(RaydgError, match="different config"):
+        checkpoint.read(folder, {**CONFIG, "rounds": 4})
+    arrays = (folder / "arrays.npz").read_bytes()
+    (folder / "arrays.npz").write_bytes(arrays[: len(arrays) // 2])  # truncated
+    with pytest.raises(RaydgError, match=r"arrays\.npz does not match its manifest"):
+        checkpoint.read(folder, CONFIG)
+    (folder / "arrays.npz").write_bytes(arrays)
+    (folder / "manifest.json").unlink()  # cut short before the manifest
+    with pytest.raises(RaydgError, match=r"manifest\.json is missing or unreadable"):
+        checkpoint.read(folder, CONFIG)
+    (folder / "manifest.json").write_text(json.dumps({"format": "other", "files": {}}))
+    with pytest.raises(RaydgError, match="not a raydg federation checkpoint"):
+        checkpoint.read(folder, CONFIG)
+    with pytest.raises(RaydgError, match=r"cannot checkpoint a builtins\.object"):
+        checkpoint.write(tmp_path / "d", {"x": object()}, CONFIG)
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize(("method", "options"), [("fedbn", {}), ("csac", {"acquire_steps": 3}),
+                                                 ("ccst", {"k": 2})])
+def test_a_restored_federation_ends_as_the_undisturbed_one(method, options, tmp_path):
+    """FedBN's local BN tensors, CSAC's frozen local models, CCST's augmented data: client
+    memories of every kind survive the checkpoint, and the run ends bit-identically."""
+    cfg = tiny_config(method=method, clients=4, sample=3, rounds=4, options=options)
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    whole = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None).run()
+    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_round_2(row):
+        if row["round"] == 2:
+            checkpoint.write(tmp_path / "c", sim.snapshot(), dataclasses.asdict(cfg))
+            raise Stop  # the federation is lost here, after round 3's aggregation
+
+    with pytest.raises(Stop):
+        sim.run(stop_after_round_2)
+    restore = checkpoint.read(tmp_path / "c", dataclasses.asdict(cfg))
+    assert restore["round"] == 3 and [r["round"] for r in restore["history"]] == [1, 2]
+    again = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None,
+                       restore=restore).run()
+    for k in whole.global_state:
+        np.testing.assert_array_equal(whole.global_state[k], again.global_state[k], err_msg=k)
+    timing = {"round_seconds", "clients_moved"}
+    assert [{k: v for k, v in r.items() if k not in timing} for r in whole.history] == [
+        {k: v for k, v in r.items() if k not in timing} for r in again.history]
+    assert whole.tables["ledger"] == again.tables["ledger"]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_federation_that_fails_to_start_leaves_no_actor_behind():
+    import psutil
+
+    cfg = tiny_config(clients=4)
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    with pytest.raises(KeyError):  # a snapshot without its clients: fails after the actors exist
+        Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None,
+                   restore={"round": 1, "global_state": {}, "history": [], "pending": {},
+                            "ledger": [], "tables": {}, "has_local": [], "steps": 0,
+                            "sampler": np.random.default_rng(0).bit_generator.state})
+    hosts = [p for p in psutil.Process().children(recursive=True)
+             if " ".join(p.cmdline()).startswith("ray::ClientHost")]
+    _, alive = psutil.wait_procs(hosts, timeout=30)
+    assert alive == []

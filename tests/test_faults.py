@@ -1,0 +1,197 @@
+"""Faults: a client actor or the driver actor killed mid-run, Ctrl-C and SIGTERM, resume, bad
+experiment folders. Every finished run must equal an undisturbed one exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from mlflow import MlflowClient
+
+from raydg.config import RunConfig
+from raydg.experiment import run_experiment
+
+TINY = {"dataset": "digits-style", "target": "sketch", "method": "fedbn", "clients": 4,
+        "rounds": 6, "local_steps": 6, "batch_size": 16, "val_every": 2, "seeds": [0],
+        "checkpoint_every": 1}
+TIMING = {"round_seconds", "clients_moved"}
+
+
+def _children(title: str) -> list[psutil.Process]:
+    """This process's Ray workers whose title starts with ``title`` (never another Ray's)."""
+    return [p for p in psutil.Process().children(recursive=True)
+            if " ".join(p.cmdline()).startswith(title)]
+
+
+def _same(a, b) -> None:
+    for k in a.global_state:
+        np.testing.assert_array_equal(a.global_state[k], b.global_state[k], err_msg=k)
+    assert [{k: v for k, v in r.items() if k not in TIMING} for r in a.history] == [
+        {k: v for k, v in r.items() if k not in TIMING} for r in b.history]
+
+
+@pytest.fixture(scope="module")
+def undisturbed(ray_session, tmp_path_factory):
+    uri = f"sqlite:///{tmp_path_factory.mktemp('undisturbed')}/mlflow.db"
+    return run_experiment(RunConfig(**TINY, tracking_uri=uri), out=lambda _: None).runs[0]
+
+
+@pytest.mark.parametrize("title", ["ray::ClientHost", "ray::ImplicitFunc"],
+                         ids=["client-actor", "driver-actor"])
+def test_a_killed_actor_restarts_from_its_checkpoint_and_ends_identically(
+        undisturbed, tmp_path, title):
+    killed: list[int] = []
+    lines: list[str] = []
+
+    def out(line: str) -> None:
+        lines.append(line)
+        if "] round 2/" in line and not killed:  # round 1's checkpoint is registered
+            victim = _children(title)[0]
+            killed.append(victim.pid)
+            victim.kill()  # SIGKILL, from outside, while the federation trains round 4
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = run_experiment(RunConfig(**TINY, tracking_uri=uri), out=out)
+    assert killed
+    assert any("continues from its checkpoint after round" in line for line in lines)
+    _same(undisturbed, result.runs[0])
+    client = MlflowClient(uri)
+    child = client.get_run(client.search_runs(
+        [client.get_experiment_by_name("digits-style").experiment_id],
+        "tags.raydg.key = 'sketch-s0'")[0].info.run_id)
+    assert child.info.status == "FINISHED" and child.data.tags["raydg.restarts"] == "1"
+    steps = [m.step for m in client.get_metric_history(child.info.run_id, "val_acc")]
+    assert sorted(steps) == list(range(1, 7))  # each round once, not twice
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "raydg", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
+
+
+def _stop_after_round_2(proc: subprocess.Popen, sig: int) -> str:
+    """Send ``sig`` when round 2 is reported; everything the command printed."""
+    printed = []
+    for line in proc.stdout:
+        printed.append(line)
+        if "] round 2/" in line:
+            proc.send_signal(sig)
+            break
+    rest, _ = proc.communicate(timeout=180)
+    return "".join(printed) + rest
+
+
+def _left(session: int) -> list[str]:
+    """Processes of the stopped command's session (its Ray's) still running after they had
+    30 s to end."""
+    procs = [p for p in psutil.process_iter() if _in_session(p.pid, session)]
+    _, alive = psutil.wait_procs(procs, timeout=30)
+    return [" ".join(p.cmdline()) for p in alive]
+
+
+def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**os.environ, "RAYDG_STORAGE": str(tmp_path / "results")}
+    args = ["run", "digits-style", "--target", "sketch", "--method", "fedbn", "--clients", "4",
+            "--rounds", "6", "--local-steps", "6", "--batch-size", "16", "--seed", "0",
+            "--set", "val_every=2", "--set", "checkpoint_every=1", "--tracking-uri", uri]
+    proc = _cli(*args, env=env)
+    printed = _stop_after_round_2(proc, signal.SIGINT)
+    assert proc.returncode == 130, printed[-2000:]
+    assert _left(proc.pid) == []
+    (resume,) = [line for line in printed.splitlines() if "continue with: raydg resume" in line]
+    directory = resume.split("raydg resume ")[1].strip()
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
+    assert {r.info.status for r in runs} == {"KILLED"} and len(runs) == 2
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    # a corrupt checkpoint stops the resume before anything runs, naming the file
+    latest = sorted(Path(directory).glob("sketch-s0-*/checkpoint_*"))[-1] / "arrays.npz"
+    intact = latest.read_bytes()
+    latest.write_bytes(intact[:100])
+    broken = _cli("resume", directory, env=env)
+    printed, _ = broken.communicate(timeout=300)
+    assert broken.returncode == 2, printed[-2000:]
+    assert f"raydg: error: checkpoint file {latest} does not match its manifest" in printed
+    latest.write_bytes(intact)
+
+    again = _cli("resume", parent.info.run_id, "--tracking-uri", uri, env=env)
+    printed, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, printed[-2000:]
+    assert f"resuming the experiment in {directory}" in printed
+    runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
+    assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 2  # the same runs
+    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    steps = [m.step for m in client.get_metric_history(child.info.run_id, "val_acc")]
+    assert sorted(steps) == list(range(1, 7))
+    (final,) = [p.parent for p in Path(directory).glob("sketch-s0-*/checkpoint_*/result.json")]
+    result = json.loads((final / "result.json").read_text())
+    assert result["selected"] == undisturbed.selected and result["last"] == undisturbed.last
+    with np.load(final / "global_state.npz", allow_pickle=False) as npz:
+        for k in undisturbed.global_state:
+            np.testing.assert_array_equal(npz[k], undisturbed.global_state[k], err_msg=k)
+
+
+def test_sigterm_stops_cleanly_with_143(tmp_path):
+    env = {**os.environ, "RAYDG_STORAGE": str(tmp_path / "results")}
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    proc = _cli("run", "digits-style", "--target", "sketch", "--rounds", "6", "--seed", "0",
+                "--tracking-uri", uri, env=env)
+    printed = _stop_after_round_2(proc, signal.SIGTERM)
+    assert proc.returncode == 143, printed[-2000:]
+    assert "SIGTERM received" not in printed and "Traceback" not in printed
+    assert _left(proc.pid) == []
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
+    assert {r.info.status for r in runs} == {"KILLED"}
+
+
+def test_a_bad_experiment_folder_is_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from raydg.cli import cli
+
+    result = CliRunner().invoke(cli, ["resume", str(tmp_path / "nowhere")])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1
+    assert lines[0].startswith(f"raydg: error: {tmp_path / 'nowhere'}/raydg.json is not a "
+                               "raydg experiment's manifest")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "raydg.json").write_text("{not json")
+    result = CliRunner().invoke(cli, ["resume", str(tmp_path / "bad")])
+    assert result.exit_code == 2 and "raydg.json is not a raydg experiment" in result.stderr
+    result = CliRunner().invoke(cli, ["resume", "0" * 32, "--tracking-uri",
+                                      f"sqlite:///{tmp_path}/m.db"])
+    assert result.exit_code == 2 and f"no MLflow run {'0' * 32}" in result.stderr
+
+
+def test_nothing_outlives_a_killed_command(tmp_path):
+    """SIGKILL leaves raydg no chance to stop its Ray: its reaper does."""
+    env = {**os.environ, "RAYDG_STORAGE": str(tmp_path / "results")}
+    proc = _cli("run", "digits-style", "--target", "sketch", "--rounds", "6", "--seed", "0",
+                "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", env=env)
+    for line in proc.stdout:
+        if "] round 2/" in line:
+            break
+    left = [psutil.Process(p.pid) for p in psutil.process_iter()
+            if _in_session(p.pid, proc.pid) and p.pid != proc.pid]
+    assert left  # its Ray is running
+    proc.kill()
+    proc.wait()
+    _, alive = psutil.wait_procs(left, timeout=60)
+    assert alive == [], [" ".join(p.cmdline()) for p in alive]
+
+
+def _in_session(pid: int, session: int) -> bool:
+    try:
+        return os.getsid(pid) == session
+    except (ProcessLookupError, PermissionError):
+        return False
