@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", nargs="+", default=["fedbn", "fedfd-a"])
     args = p.parse_args(argv)
     data = load_dataset("digits-style", None, None)
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     mismatch = False
     print(f"{'method':8} {'round s':>8} {'ckpt s':>8} {'ckpt MB':>8} {'ckpt/round':>10} "
           f"{'default cadence share':>22}")

@@ -30,6 +30,9 @@ then each claimed ordering, per regime, with its interval. Raw rows go to ``--js
 
 Run:  python benchmarks/fidelity.py [--seeds 0 1 2 3 4] [--datasets digits-style digits-rot]
       [--regimes scratch glyphs] [--out docs/fidelity.md] [--json fidelity.json]
+
+With ``--json``, the rows already in that file are kept and their experiments are not run
+again: an interrupted benchmark continues where it stopped.
 """
 
 from __future__ import annotations
@@ -39,17 +42,17 @@ import dataclasses
 import datetime
 import json
 import platform
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from raydg.config import RunConfig, Search
 from raydg.experiment import run_experiment
-from raydg.results import long_rows
+from raydg.results import long_rows, paired_difference
 
 REGIMES = {"scratch": None, "glyphs": "glyphs"}
 FEDFD = [{"method": m, "options.cafl_reduction": r, "options.warmup_rounds": w}
@@ -103,29 +106,17 @@ def run_group(dataset: str, regime: str, protocol: Protocol, seeds: list[int],
     result = run_experiment(cfg, Search(grid={"method": protocol.methods}),
                             out=lambda line: print(line) if not line.startswith("[")
                             or "warning" in line else None)
+    seconds = time.perf_counter() - start
     print(f"{dataset} {regime} {protocol.name}: {len(result.runs)} federations in "
-          f"{time.perf_counter() - start:.0f} s")
+          f"{seconds:.0f} s")
     primary = {r.method: next(iter(r.selected)) for r in result.runs}  # eval_modes[0]
     chosen = {(r["method"], r["target"]): r["setting"] for r in result.selection
               if r["target"] != "Avg" and r["mode"] == primary[r["method"]]}
     return [{**r, "dataset": dataset, "regime": regime, "protocol": protocol.name,
-             "chosen": chosen[(r["method"], r["target"])] == r["setting"]}
+             "chosen": chosen[(r["method"], r["target"])] == r["setting"],
+             "group_seconds": seconds}
             for r in long_rows(result.runs)
             if r["selection"] == "selected" and r["mode"] == primary[r["method"]]]
-
-
-def paired(rows: list[dict[str, Any]], method: str, baseline: str) -> tuple[float, float, int]:
-    """Mean over seeds of (method - baseline) averaged over domains, and the half-width of
-    its 95 % t-interval; n seeds."""
-    def by_seed(name: str) -> dict[int, float]:
-        mine = [r for r in rows if r["method"] == name]
-        return {s: float(np.mean([r["accuracy"] for r in mine if r["seed"] == s]))
-                for s in sorted({r["seed"] for r in mine})}
-
-    a, b = by_seed(method), by_seed(baseline)
-    d = np.array([a[s] - b[s] for s in sorted(a)])
-    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-    return float(d.mean()), float(half), len(d)
 
 
 def table(rows: list[dict[str, Any]], targets: list[str]) -> list[str]:
@@ -143,7 +134,7 @@ def table(rows: list[dict[str, Any]], targets: list[str]) -> list[str]:
             per_seed = [np.mean([r["accuracy"] for r in m if r["seed"] == s])
                         for s in sorted({r["seed"] for r in m})]
             diff = "" if method == "fedavg" else "{:+.1f} ± {:.1f}".format(
-                *paired(mine, method, "fedavg")[:2])
+                *paired_difference(mine, method, "fedavg")[:2])
             lines.append(f"| {proto} | {method} | " + " | ".join(cells)
                          + f" | **{np.mean(per_seed):.1f} ± {np.std(per_seed, ddof=1):.1f}**"
                          f" | {np.mean([r['steps'] for r in m]):.0f} | {diff} |")
@@ -194,8 +185,14 @@ def searched(rows: list[dict[str, Any]]) -> list[str]:
             *lines, ""]
 
 
-def report(rows: list[dict[str, Any]], wall: float, command: str) -> str:
+def group(row: dict[str, Any]) -> tuple[str, str, str]:
+    """The experiment a row comes from."""
+    return row["dataset"], row["regime"], row["protocol"]
+
+
+def report(rows: list[dict[str, Any]], command: str) -> str:
     seeds = sorted({r["seed"] for r in rows})
+    wall = sum({group(r): r["group_seconds"] for r in rows}.values())
     out = ["# Fidelity of the seed methods on the embedded benchmarks", "",
            f"Made by `{command}` on {datetime.date.today()}, {platform.node()} "
            f"({platform.processor() or platform.machine()}), {wall / 3600:.1f} h; seeds "
@@ -224,7 +221,7 @@ def report(rows: list[dict[str, Any]], wall: float, command: str) -> str:
                     r["protocol"], r["dataset"], r["regime"]) == (proto, dataset, regime)]
                 if not {method, base} <= {r["method"] for r in mine}:
                     continue
-                mean, half, _ = paired(mine, method, base)
+                mean, half, _ = paired_difference(mine, method, base)
                 out.append(f"| {method} ≥ {base} ({where}) | {proto} | {dataset} | {regime} "
                            f"| {mean:+.1f} ± {half:.1f} | {verdict(mean, half)} |")
     return "\n".join(out) + "\n"
@@ -238,25 +235,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--protocols", nargs="+", default=["fedfd-a", "last-upload"])
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--out", default="docs/fidelity.md")
-    p.add_argument("--json", default=None, help="write the rows here after every experiment")
+    p.add_argument("--json", default=None, help="write the rows here after every experiment; "
+                   "experiments whose rows it already holds are not run again")
     p.add_argument("--report-only", metavar="JSON",
                    help="make the report from the rows of an earlier --json, run nothing")
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
-    start = time.perf_counter()
+    if args.report_only and not Path(args.report_only).exists():
+        p.error(f"{args.report_only} does not exist")
+    stored = args.report_only or args.json
     rows: list[dict[str, Any]] = []
+    if stored and Path(stored).exists():
+        rows = json.loads(Path(stored).read_text())
     if args.report_only:
-        rows = json.loads(Path(args.report_only).read_text())
         args.datasets = []
+    done = {group(r) for r in rows}
     for dataset in args.datasets:
         for regime in args.regimes:
             for protocol in protocols(5 if dataset == "digits-rot" else 10):
-                if protocol.name in args.protocols:
+                if protocol.name in args.protocols and (dataset, regime, protocol.name) not in done:
                     rows += run_group(dataset, regime, protocol, args.seeds,
                                       args.tracking_uri)
                     if args.json:
                         Path(args.json).write_text(json.dumps(rows))
-    command = "python benchmarks/fidelity.py " + " ".join(argv or [])
-    text = report(rows, time.perf_counter() - start, command.strip())
+    command = "python benchmarks/fidelity.py " + " ".join(argv)
+    text = report(rows, command.strip())
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     print(text)

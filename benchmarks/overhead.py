@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bare loop, pass {i + 1}")
         bare.runs.append(run_bare(cfg, data))
     t0 = time.perf_counter()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     ray_init = time.perf_counter() - t0
     try:
         for i in range(args.repeats):

@@ -26,15 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from raydg.config import NOT_RESULTS
 from raydg.errors import RaydgError
 
 FORMAT = "raydg-federation-checkpoint/1"
 FILES = ("state.json", "arrays.npz")
 DATACLASSES: dict[str, type] = {}  # name -> class, filled by register_dataclass
-# config keys that place or track a run without changing its result
-NOT_RESULTS = ("actors", "cpus_per_actor", "gpus_per_actor", "max_concurrent", "placement",
-               "address", "storage", "tracking_uri", "experiment", "data_root", "cache",
-               "cache_dir", "checkpoint_every", "max_failures", "skip_bad_images")
 
 
 def register_dataclass(cls: type) -> type:

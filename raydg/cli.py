@@ -1,4 +1,5 @@
-"""Command line: ``raydg run``, ``raydg data download|check``, ``raydg list``.
+"""Command line: ``raydg run``, ``sweep``, ``resume``, ``report``, ``data download|check`` and
+``list``. Importing it imports neither torch nor Ray: ``--help`` and ``list`` answer at once.
 
 Precedence of settings: built-in defaults < dataset defaults < ``--config`` YAML
 < command-line options < ``--set``.
@@ -14,11 +15,13 @@ from typing import Any
 import click
 
 from raydg import config as config_mod
-from raydg.datasets import DATA_ROOT_ENV, DATASETS
-from raydg.errors import RaydgError
-from raydg.methods import METHODS
-from raydg.tracking import TrackingError
-from raydg.transforms import TRANSFORMS
+from raydg.errors import EmptyResult, RaydgError, TrackingError
+
+DATA_ROOT_ENV = "RAYDG_DATA_ROOT"  # as raydg.datasets, which the help need not import
+
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # in a checkout of raydg
 
 
 class Cli(click.Group):
@@ -31,6 +34,9 @@ class Cli(click.Group):
         except TrackingError as err:
             click.echo(f"raydg: error: {err}", err=True)
             ctx.exit(1)
+        except EmptyResult as err:
+            click.echo(f"raydg: {err}", err=True)
+            ctx.exit(1)
         except KeyboardInterrupt as err:
             from raydg.experiment import TERMINATED
 
@@ -41,71 +47,129 @@ class Cli(click.Group):
             ctx.exit(143 if TERMINATED.is_set() else 130)
 
 
-@click.group(cls=Cli)
+class GroupedCommand(click.Command):
+    """A command whose options are listed under headings (``OPTION_GROUPS``)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                group = next((g for g, names in OPTION_GROUPS.items() if param.name in names),
+                             "Other")
+                rows.setdefault(group, []).append(record)
+        for group in [*OPTION_GROUPS, "Other"]:
+            if group in rows:
+                with formatter.section(group):
+                    formatter.write_dl(rows[group])
+
+
+OPTION_GROUPS = {
+    "Protocol": ("method", "augment", "target", "clients", "dirichlet", "sample", "seeds",
+                 "config_file", "sets", "grid"),
+    "Training": ("rounds", "local_steps", "lr", "lr_schedule", "batch_size", "equal_compute",
+                 "model", "image_size", "pretrained", "weights", "train_transform",
+                 "eval_local"),
+    "Resources": ("actors", "cpus_per_actor", "gpus_per_actor", "max_concurrent", "placement",
+                  "address", "storage"),
+    "Data": ("data_root", "skip_bad_images", "cache", "cache_dir"),
+    "Tracking and output": ("tracking_uri", "experiment", "quiet"),
+}
+DATASET_DEFAULT = "the dataset's: {digits} for the digits, {images} for the image datasets"
+
+
+@click.group(cls=Cli, context_settings=CONTEXT)
 @click.version_option(package_name="raydg")
 def cli() -> None:
     """raydg: parallel simulation of federated domain generalization on Ray."""
 
 
 RUN_OPTIONS = [
-    click.option("--method", "-m", help="Method name (raydg list methods)."),
-    click.option("--augment", help="Add an augmentation method to any method, e.g. ccst."),
-    click.option("--target", help="Held-out domain, or 'all' (default): one run per domain."),
-    click.option("--clients", type=int, help="Split the source domains into N clients."),
-    click.option("--dirichlet", type=float,
-                 help="Dirichlet alpha of the label split (default iid)."),
-    click.option("--sample", type=int,
-                 help="Clients per round (default all if N<=10, else 10)."),
-    click.option("--rounds", type=int, help="Communication rounds."),
-    click.option("--local-steps", type=int, help="Local SGD steps per round."),
-    click.option("--lr", type=float, help="Learning rate."),
+    click.option("--method", "-m", help="Method (raydg list methods). [default: fedavg]"),
+    click.option("--augment", help="Add an augmentation method to the method, e.g. ccst."),
+    click.option("--target", help="Held-out domain, or all: one federation per domain. "
+                                  "[default: all]"),
+    click.option("--clients", type=int, help="Split the source domains into N clients. "
+                                             "[default: one per source domain]"),
+    click.option("--dirichlet", type=float, help="Dirichlet alpha of each domain's label "
+                                                 "split. [default: label-iid]"),
+    click.option("--sample", type=int, help="Clients per round. [default: all if N <= 10, "
+                                            "else 10]"),
+    click.option("--rounds", type=int, help="Communication rounds. [default: "
+                 + DATASET_DEFAULT.format(digits=10, images=40) + "]"),
+    click.option("--local-steps", type=int, help="Local SGD steps per round. [default: "
+                 + DATASET_DEFAULT.format(digits=20, images=200) + "]"),
+    click.option("--lr", type=float, help="Learning rate. [default: "
+                 + DATASET_DEFAULT.format(digits=0.05, images=0.01) + "]"),
     click.option("--lr-schedule", type=click.Choice(["constant", "cosine"]),
-                 help="Learning rate over the rounds (default constant)."),
+                 help="Learning rate over the rounds. [default: constant]"),
     click.option("--equal-compute", metavar="METHOD",
-                 help="Add rounds that give this method's clients the local steps METHOD's "
-                      "setup takes (e.g. csac's acquisition)."),
-    click.option("--batch-size", type=int, help="Local batch size."),
+                 help="Add rounds that give the method's clients the local steps that "
+                      "METHOD's setup takes (e.g. csac's acquisition)."),
+    click.option("--batch-size", type=int, help="Local batch size. [default: "
+                 + DATASET_DEFAULT.format(digits=32, images=64) + "]"),
     click.option("--seed", "seeds", type=int, multiple=True,
-                 help="Seed; repeat for several runs."),
-    click.option("--model", help="Backbone: cnn, resnet18, resnet50."),
-    click.option("--image-size", type=int, help="Side of the (square) images fed to the model."),
+                 help="Seed; repeat for several. [default: 0]"),
+    click.option("--model", help="Backbone: cnn, resnet18, resnet50. [default: "
+                 + DATASET_DEFAULT.format(digits="cnn", images="resnet18") + "]"),
+    click.option("--image-size", type=int, help="Side of the square images. [default: "
+                 + DATASET_DEFAULT.format(digits=16, images=224) + "]"),
     click.option("--pretrained/--no-pretrained", default=None,
-                 help="Start the ResNet from ImageNet weights (default: the dataset's protocol)."),
-    click.option("--weights",
+                 help="Start the ResNet from ImageNet weights. [default: on for the image "
+                      "datasets, off for the digits]"),
+    click.option("--weights", metavar="FILE|glyphs",
                  help="Start the backbone from a state-dict file (torchvision format for the "
-                      "ResNets) or from 'glyphs', raydg's offline pretraining."),
-    click.option("--actors", type=int,
-                 help="Client actors per federation (default: a share of the cluster)."),
-    click.option("--cpus-per-actor", type=float, help="CPUs per client actor (default 1)."),
+                      "ResNets) or from glyphs, raydg's offline pretraining."),
+    click.option("--actors", type=int, help="Client actors per federation. [default: the "
+                                            "cluster's CPUs shared among running federations]"),
+    click.option("--cpus-per-actor", type=float, help="CPUs per client actor. [default: 1]"),
     click.option("--gpus-per-actor", type=float,
-                 help="GPUs per client actor, fractional (e.g. 0.25)."),
+                 help="GPUs per client actor, fractional, e.g. 0.25. [default: 0]"),
     click.option("--max-concurrent", type=int,
-                 help="Federations at once (default: as many as the cluster holds)."),
+                 help="Federations at once. [default: as many as the cluster holds]"),
     click.option("--placement", type=click.Choice(["pack", "spread"]),
-                 help="Place a federation's actors on few nodes (pack, default) or many."),
-    click.option("--data-root", help="Root folder of image datasets (or RAYDG_DATA_ROOT)."),
-    click.option("--train-transform", type=click.Choice(list(TRANSFORMS)),
-                 help="Training augmentation per image (default none; domainbed = DomainBed's)."),
+                 help="A federation's actors on few nodes or many. [default: pack]"),
+    click.option("--data-root", help="Root folder of the image datasets. [default: "
+                                     "$RAYDG_DATA_ROOT]"),
+    click.option("--train-transform", type=click.Choice(
+        ["none", "flip", "flip-jitter", "crop-flip", "domainbed"]),
+        help="Training augmentation per image; domainbed is DomainBed's. [default: none]"),
     click.option("--skip-bad-images", is_flag=True, default=None,
                  help="Skip (and count) unreadable images instead of stopping."),
     click.option("--cache/--no-cache", default=None,
-                 help="Decode image files once into the cache (default) or every run."),
+                 help="Decode image files once into the cache. [default: on]"),
     click.option("--cache-dir",
-                 help="Decoded-image cache (default $RAYDG_CACHE or ~/.cache/raydg)."),
+                 help="Decoded-image cache. [default: $RAYDG_CACHE or ~/.cache/raydg]"),
     click.option("--eval-local/--no-eval-local", default=None,
                  help="Also report in-federation accuracy with local statistics."),
-    click.option("--tracking-uri", help="MLflow tracking URI (default sqlite:///mlflow.db)."),
-    click.option("--experiment", help="MLflow experiment name (default: the dataset)."),
-    click.option("--storage", help="Trial results and checkpoints: a folder or a URI such as "
-                                   "s3://bucket/path (default $RAYDG_STORAGE or ./raydg-results)."),
-    click.option("--address", help="Ray cluster to join: HOST:PORT or auto (default: a local "
-                                   "Ray, or RAY_ADDRESS)."),
+    click.option("--tracking-uri", help="MLflow store. [default: $MLFLOW_TRACKING_URI or "
+                                        "sqlite:///mlflow.db]"),
+    click.option("--experiment", help="MLflow experiment. [default: the dataset]"),
+    click.option("--storage", help="Trials' results and checkpoints: a folder or a URI such as "
+                                   "s3://bucket/path. [default: $RAYDG_STORAGE or "
+                                   "./raydg-results]"),
+    click.option("--address", help="Ray cluster to join: HOST:PORT or auto. [default: a local "
+                                   "Ray, or $RAY_ADDRESS]"),
     click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-                 help="Override any config key, e.g. --set options.mu=0.1 (repeatable)."),
+                 help="Any config key, e.g. --set options.mu=0.1 (repeatable)."),
     click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2",
                  help="Search a config key over values, e.g. --grid lr=0.01,0.02 (repeatable: "
                       "every combination)."),
+    click.option("--quiet", "-q", is_flag=True,
+                 help="Print only the tables (and warnings), no progress."),
 ]
+
+EXAMPLES = """Examples:
+
+\b
+  raydg run digits-style --method fedbn --seed 0 --seed 1 --seed 2
+  raydg run --config configs/fedfd-a-pacs.yaml --data-root ~/data --gpus-per-actor 0.25
+  raydg run digits-rot --method fedprox --grid options.mu=0.01,0.1 --target M30
+  raydg run digits-style --method fedfd-a --weights glyphs
+  raydg sweep configs/sweeps/fedprox-digits-style.yaml
+  raydg resume raydg-results/digits-style-fedavg-20261123-101500-1a2b3c4d
+  raydg report --dataset digits-style --versus fedavg --format markdown
+"""
 
 
 def run_options(command: Any) -> Any:
@@ -114,8 +178,16 @@ def run_options(command: Any) -> Any:
     return command
 
 
+def _progress(quiet: bool) -> str:
+    """How progress is shown: a live board of running federations on a terminal, plain lines
+    elsewhere (CI, log files), nothing with --quiet."""
+    import sys
+
+    return "none" if quiet else "live" if sys.stdout.isatty() else "lines"
+
+
 def _experiment(config_file: str | None, given: dict[str, Any], sets: tuple[str, ...],
-                grid: tuple[str, ...], need_search: bool) -> None:
+                grid: tuple[str, ...], need_search: bool, quiet: bool) -> None:
     """Config file < command-line options < ``--set``; the file's search and ``--grid``."""
     from raydg.experiment import run_experiment
 
@@ -132,44 +204,111 @@ def _experiment(config_file: str | None, given: dict[str, Any], sets: tuple[str,
     if need_search and not search:
         raise RaydgError(f"sweep file {config_file!r} defines no grid and no random search "
                          "(keys 'grid' and 'random'); use raydg run for a single setting")
-    run_experiment(cfg, search, out=click.echo)
+    run_experiment(cfg, search, out=click.echo, progress=_progress(quiet))
 
 
-@cli.command()
+@cli.command(cls=GroupedCommand, context_settings=CONTEXT, epilog=EXAMPLES)
 @click.argument("dataset", required=False)
-@click.option("--config", "config_file", type=click.Path(), help="YAML file of config keys.")
+@click.option("--config", "config_file", type=click.Path(),
+              help="YAML file of config keys (raydg list configs).")
 @run_options
-def run(dataset: str | None, config_file: str | None, sets: tuple[str, ...],
-        grid: tuple[str, ...], seeds: tuple[int, ...], **options: Any) -> None:
-    """Train on the source domains of DATASET and evaluate on the held-out domain(s)."""
+@click.pass_context
+def run(ctx: click.Context, dataset: str | None, config_file: str | None,
+        sets: tuple[str, ...], grid: tuple[str, ...], seeds: tuple[int, ...], quiet: bool,
+        **options: Any) -> None:
+    """Train on the source domains of DATASET (raydg list datasets) and evaluate on the
+    held-out domain(s); every federation is a Ray Tune trial, tracked in MLflow."""
+    if dataset is None and config_file is None and not any(
+            s.split("=", 1)[0] == "dataset" for s in sets):
+        click.echo(ctx.get_usage(), err=True)
+        raise RaydgError("name a DATASET (raydg list datasets) or a --config FILE "
+                         "(raydg list configs)")
     _experiment(config_file, {**options, "dataset": dataset, "seeds": list(seeds)}, sets, grid,
-                need_search=False)
+                need_search=False, quiet=quiet)
 
 
-@cli.command()
+@cli.command(cls=GroupedCommand, context_settings=CONTEXT)
 @click.argument("sweep_file", type=click.Path())
 @run_options
 def sweep(sweep_file: str, sets: tuple[str, ...], grid: tuple[str, ...],
-          seeds: tuple[int, ...], **options: Any) -> None:
+          seeds: tuple[int, ...], quiet: bool, **options: Any) -> None:
     """Run the search of SWEEP_FILE (config keys plus 'grid' and/or 'random') over every target
     and seed; select hyper-parameters per target by training-domain validation."""
-    _experiment(sweep_file, {**options, "seeds": list(seeds)}, sets, grid, need_search=True)
+    _experiment(sweep_file, {**options, "seeds": list(seeds)}, sets, grid, need_search=True,
+                quiet=quiet)
 
 
-@cli.command()
+@cli.command(context_settings=CONTEXT)
 @click.argument("target")
 @click.option("--tracking-uri", help="MLflow store of the run, when TARGET is a run id.")
-def resume(target: str, tracking_uri: str | None) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="Print only the tables, no progress.")
+def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
     """Continue an interrupted experiment: TARGET is its folder (printed at its start and when
     it stops) or its MLflow parent run id. Finished federations are kept, the others continue
     from their last checkpoints, into the same MLflow run."""
     from raydg.experiment import resume_target, run_experiment
 
-    run_experiment(config_mod.RunConfig(), out=click.echo,
+    run_experiment(config_mod.RunConfig(), out=click.echo, progress=_progress(quiet),
                    resume=resume_target(target, tracking_uri))
 
 
-@cli.group()
+@cli.command(context_settings=CONTEXT)
+@click.option("--experiment", "experiments", multiple=True,
+              help="MLflow experiment (repeatable). [default: all]")
+@click.option("--dataset", help="Only runs on this dataset.")
+@click.option("--method", "methods", multiple=True,
+              help="Only this method, as reported, e.g. fedbn+ccst-pixel (repeatable).")
+@click.option("--filter", "filter_string", default="",
+              help="MLflow search filter on the runs, e.g. \"params.rounds = '40'\".")
+@click.option("--selection", type=click.Choice(["selected", "last", "oracle"]),
+              help="Model selection. [default: selected (training-domain validation), or the "
+                   "paper's with --paper]")
+@click.option("--format", "fmt", type=click.Choice(["console", "markdown", "latex", "csv",
+                                                    "json"]), default="console",
+              show_default=True)
+@click.option("--output", "-o", type=click.Path(), help="Write the report to this file.")
+@click.option("--versus", metavar="METHOD",
+              help="Add the paired difference to METHOD with its 95% interval over seeds.")
+@click.option("--ledger", is_flag=True, help="Add bytes per round and what is shared.")
+@click.option("--timing", is_flag=True, help="Add the wall time per round.")
+@click.option("--paper", type=click.Path(), metavar="CONFIG",
+              help="Print the published numbers of this paper config beside the measured.")
+@click.option("--plot", type=click.Path(), metavar="FILE.png",
+              help="Draw accuracy per round: one panel per target, one line per method.")
+@click.option("--tracking-uri", help="MLflow store. [default: $MLFLOW_TRACKING_URI or "
+                                     "sqlite:///mlflow.db]")
+def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str, ...],
+           filter_string: str, selection: str | None, fmt: str, output: str | None,
+           versus: str | None, ledger: bool, timing: bool, paper: str | None,
+           plot: str | None, tracking_uri: str | None) -> None:
+    """Print a paper's table from the runs in the MLflow store: methods x held-out domains,
+    mean +- std over seeds. Runs that differ in other settings are never averaged together."""
+    from mlflow import MlflowClient
+
+    from raydg import report as report_mod
+    from raydg.tracking import tracking_uri as store_uri
+
+    published = None
+    if paper:  # the paper's dataset and model selection unless others are asked for
+        values = config_mod.load_yaml(paper)
+        published = config_mod.paper_numbers(values, paper)
+        dataset = dataset or values.get("dataset")
+        selection = selection or published["selection"]
+    client = MlflowClient(store_uri(config_mod.RunConfig(tracking_uri=tracking_uri)))
+    text, notes = report_mod.report(
+        client, experiments=experiments, dataset=dataset, methods=methods,
+        filter_string=filter_string, selection=selection or "selected", fmt=fmt, baseline=versus,
+        ledger=ledger, seconds=timing, paper=published, plot=Path(plot) if plot else None)
+    for note in notes:  # on stderr, apart from the data
+        click.echo(f"raydg: {note}", err=True)
+    if output:
+        Path(output).write_text(text + "\n")
+        click.echo(f"raydg: report written to {output}")
+    else:
+        click.echo(text)
+
+
+@cli.group(context_settings=CONTEXT)
 def data() -> None:
     """Download and check the datasets that live under a data root."""
 
@@ -213,17 +352,26 @@ def data_check(ctx: click.Context, name: str, data_root: str | None) -> None:
     click.echo(f"{name}: OK")
 
 
-@cli.command("list")
-@click.argument("what", type=click.Choice(["methods", "datasets", "models"]))
+@cli.command("list", context_settings=CONTEXT)
+@click.argument("what", type=click.Choice(["methods", "datasets", "models", "configs"]))
 def list_cmd(what: str) -> None:
-    """List the registered methods, datasets or models."""
-    if what == "methods":
+    """List the registered methods, datasets or models, or the ready-made configs."""
+    if what == "configs":
+        for path in sorted([*CONFIGS.glob("*.yaml"), *CONFIGS.glob("sweeps/*.yaml")]):
+            first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines()
+                          if line.startswith("#")), "")
+            click.echo(f"{path.relative_to(CONFIGS.parent)}: {first}")
+    elif what == "methods":
+        from raydg.methods import METHODS
+
         for name, cls in METHODS:
             aliases = METHODS.aliases(name)
             also = f" (also {', '.join(aliases)})" if aliases else ""
             opts = ", ".join(f"options.{k}={v!r}" for k, v in vars(cls.Options()).items())
             click.echo(f"{name}{also}: {cls.paper}" + (f"; {opts}" if opts else ""))
     elif what == "datasets":
+        from raydg.datasets import DATASETS
+
         for name, spec in DATASETS:
             click.echo(f"{name}: {spec.description}; domains: {', '.join(spec.domains)}")
     else:

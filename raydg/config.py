@@ -185,6 +185,10 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return merged
 
 
+# config keys that place or track a run without changing its result
+NOT_RESULTS = ("actors", "cpus_per_actor", "gpus_per_actor", "max_concurrent", "placement",
+               "address", "storage", "tracking_uri", "experiment", "data_root", "cache",
+               "cache_dir", "checkpoint_every", "max_failures", "skip_bad_images")
 # Keys a search may not vary: they name the experiment's data, targets, seeds, resources or store.
 EXPERIMENT_KEYS = ("dataset", "target", "seeds", "data_root", "image_size", "skip_bad_images",
                    "cache", "cache_dir", "address", "max_concurrent", "placement", "storage",
@@ -310,10 +314,30 @@ def parse_search(grid: Any = None, random: Any = None) -> Search:
     return search
 
 
+FILE_SECTIONS = ("grid", "random", "paper")  # sections of a config file that are not keys
+
+
 def split_search(values: dict[str, Any]) -> tuple[dict[str, Any], Search]:
-    """A config file's keys without its ``grid``/``random`` sections, and their search."""
-    rest = {k: v for k, v in values.items() if k not in ("grid", "random")}
+    """A config file's keys without its ``grid``/``random``/``paper`` sections, and its
+    search."""
+    rest = {k: v for k, v in values.items() if k not in FILE_SECTIONS}
     return rest, parse_search(values.get("grid"), values.get("random"))
+
+
+def paper_numbers(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """A config file's ``paper`` section, checked: ``source``, ``selection`` (selected, last
+    or oracle: how the paper picked the model it reports) and ``accuracy``
+    (``{method label: {domain or Avg: percent}}``)."""
+    paper = values.get("paper")
+    ok = (isinstance(paper, dict) and isinstance(paper.get("source"), str)
+          and paper.get("selection") in ("selected", "last", "oracle")
+          and isinstance(paper.get("accuracy"), dict)
+          and all(isinstance(row, dict) and all(isinstance(v, int | float) for v in row.values())
+                  for row in paper["accuracy"].values()))
+    if not ok:
+        raise RaydgError(f"{where} has no valid 'paper' section (source, selection: "
+                         "selected|last|oracle, accuracy: {method: {domain: percent}})")
+    return paper
 
 
 def parse_grid(pairs: tuple[str, ...] | list[str]) -> dict[str, list[Any]]:

@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 import ray
 
 from raydg import reaper
-from raydg.config import RunConfig, Search, to_dict
+from raydg.config import RunConfig, Search, setting_label, to_dict
 from raydg.datasets import load_dataset
 from raydg.datasets.cache import cache_root
 from raydg.errors import RaydgError
@@ -150,42 +151,50 @@ def resume_target(target: str, tracking: str | None = None) -> str:
 
 
 def run_experiment(cfg: RunConfig, search: Search | None = None,
-                   out: Callable[[str], None] = print,
-                   resume: str | None = None) -> ExperimentResult:
+                   out: Callable[[str], None] = print, resume: str | None = None,
+                   progress: str = "lines") -> ExperimentResult:
     """Plan ``cfg`` (x ``search``), check everything that can be checked before Ray starts,
     run every federation as a Tune trial, log everything to MLflow, print the tables.
 
     ``resume``: an experiment folder; its manifest gives the config and search (``cfg`` and
     ``search`` are ignored), finished federations are kept, unfinished ones continue from
-    their checkpoints, into the same MLflow parent run."""
+    their checkpoints, into the same MLflow parent run. ``progress``: ``lines`` (one per
+    finished round), ``live`` (a board of the running federations, for a terminal) or
+    ``none`` (tables and warnings only)."""
+    start = time.perf_counter()
+    say = out if progress != "none" else (lambda _: None)
     manifest = read_manifest(resume) if resume else None
     if manifest is not None:
         cfg, search = RunConfig(**manifest["config"]), Search(**manifest["search"])
     cfg = dataclasses.replace(cfg, tracking_uri=tracking_uri(cfg))
     plan = plan_experiment(cfg, search)
     base = plan.config
+    say(f"raydg: loading {base.dataset}")
     cache = cache_root(base.cache_dir) if base.cache else None
-    data = load_dataset(base.dataset, base.data_root, base.image_size, base.skip_bad_images, out,
+    data = load_dataset(base.dataset, base.data_root, base.image_size, base.skip_bad_images, say,
                         cache)
-    check_federations(plan, data)
-    weights = starting_weights(plan, data, cache_root(base.cache_dir), out)
+    for warning in check_federations(plan, data):
+        out(f"raydg: warning: {warning}")
+    weights = starting_weights(plan, data, cache_root(base.cache_dir), say)
     check_storage(base.storage)
     check_store(base.tracking_uri)
     sources = len(data.domains) - 1
     run_id = manifest["run_id"] if manifest else None
+    address = base.address or os.environ.get("RAY_ADDRESS")
+    say(f"raydg: {'joining the Ray cluster at ' + address if address else 'starting Ray'}")
     with ray_session(base) as local, Tracker(base, plan.label, plan.search, run_id) as tracker:
         directory = resume or experiment_dir(plan, tracker.run_id)
         if manifest is None:
             write_manifest(directory, {"run_id": tracker.run_id, "config": to_dict(cfg),
                                        "search": dataclasses.asdict(plan.search)})
             tracker.set_tag("raydg.experiment_dir", directory)
-        feds = fit_actors(plan, lambda c: c.clients or sources, local, out)
-        search = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
-        out(f"raydg: {plan.label} on {base.dataset}, targets {plan.targets}, seeds "
-            f"{base.seeds}{search}, {base.rounds} rounds x {base.local_steps} local steps; "
+        feds = fit_actors(plan, lambda c: c.clients or sources, local, say)
+        settings = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
+        say(f"raydg: {plan.label} on {base.dataset}, targets {plan.targets}, seeds "
+            f"{base.seeds}{settings}, {base.rounds} rounds x {base.local_steps} local steps; "
             f"MLflow run {tracker.run_id}")
         runs = run_federations(plan, feds, data, weights, tracker, out, directory,
-                               resume=manifest is not None)
+                               resume=manifest is not None, progress=progress)
         rows = long_rows(runs)
         summary = summary_rows(rows, plan.targets)
         printed = format_summary(summary, plan.targets, len(base.seeds))
@@ -194,6 +203,20 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         if selection:
             printed += "\n\n" + format_selection(selection, len(base.seeds))
             tables["selection"] = selection
-        tracker.log_summary(_final_metrics(plan, summary, selection), tables, printed)
+        tracker.log_summary(_final_metrics(plan, summary, selection), tables, printed,
+                            curves=curve_points(runs))
         out(printed)
+        minutes, seconds = divmod(int(time.perf_counter() - start), 60)
+        say(f"\nraydg: done in {minutes}m{seconds:02d}s. MLflow run {tracker.run_id} in "
+            f"{base.tracking_uri} (browse: mlflow ui --backend-store-uri {base.tracking_uri});"
+            f" trial files in {directory}")
         return ExperimentResult(plan, runs, summary, selection, printed, tracker.run_id)
+
+
+def curve_points(runs: list[FederationResult]) -> list[dict[str, Any]]:
+    """Every round's target and source-validation accuracy of every federation, for
+    :func:`raydg.results.plot_curves`."""
+    return [{"method": " ".join([r.method, *([setting_label(r.setting)] if r.setting else [])]),
+             "target": r.target, "seed": r.seed, "round": int(h["round"]),
+             "target_acc": h["target_acc"], "val_acc": h["val_acc"]}
+            for r in runs for h in r.history]

@@ -25,6 +25,7 @@ from raydg.partition import plan_clients
 from raydg.transforms import TRANSFORMS
 
 GLYPHS = "glyphs"  # the named pretraining of raydg.pretrain
+MIN_VALIDATION = 5  # a client's validation images below which selection is a coin toss
 LR_SCHEDULES = ("constant", "cosine")
 STORAGE_ENV = "RAYDG_STORAGE"
 DEFAULT_STORAGE = "raydg-results"
@@ -233,9 +234,19 @@ def weights_key(cfg: RunConfig) -> str:
     return f"{cfg.model}:{init_weights(cfg)}:{cfg.image_size}"
 
 
-def check_federations(plan: Plan, data: MultiDomainDataset) -> None:
-    """Refuse an impossible partition before Ray starts."""
+def check_federations(plan: Plan, data: MultiDomainDataset) -> list[str]:
+    """Refuse an impossible partition before Ray starts; warnings about the ones that are
+    possible but weak (clients with too few validation images to select anything)."""
     partitions = {(f.target, f.seed, f.config.clients, f.config.dirichlet,
                    f.config.val_fraction) for f in plan.federations}
+    small = []
     for target, seed, clients, dirichlet, val_fraction in sorted(partitions, key=str):
-        plan_clients(data, target, clients, dirichlet, val_fraction, seed)
+        sizes = [len(p.val) for p in plan_clients(data, target, clients, dirichlet,
+                                                  val_fraction, seed)]
+        small += [n for n in sizes if n < MIN_VALIDATION]
+    if not small:
+        return []
+    return [f"{len(small)} client(s) over the federations hold fewer than {MIN_VALIDATION} "
+            f"validation images (the fewest: {min(small)}): their best-validation uploads "
+            "and the round selection rest on almost nothing; use fewer --clients or a larger "
+            "val_fraction"]

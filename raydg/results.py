@@ -36,7 +36,8 @@ class FederationResult:
     last: dict[str, float]  # ... and at the last round
     oracle: dict[str, float]  # ... the best over rounds (target-domain selection: optimistic)
     oracle_round: dict[str, int]  # the round of that best, per mode
-    global_state: State
+    global_state: State  # the final global model
+    selected_state: State | None = None  # the global model of the selected round
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     plots: dict[str, tuple[str, ...]] = field(default_factory=dict)  # table -> plot spec
     setting: dict[str, Any] = field(default_factory=dict)  # the searched keys' values
@@ -44,13 +45,21 @@ class FederationResult:
     SUMMARY = ("method", "target", "seed", "selected_round", "selected", "last", "oracle",
                "oracle_round", "plots", "setting")
 
+    @property
+    def mode(self) -> str:
+        """The inference mode the method reports (its first)."""
+        return next(iter(self.selected))
+
     def save(self, path: Path) -> None:
         """Write into the folder ``path``: ``result.json`` (scalars), ``global_state.npz``
-        (numpy, read back without pickle) and one Parquet file per table (``history`` too)."""
+        and ``selected_state.npz`` (numpy, read back without pickle) and one Parquet file per
+        table (``history`` too)."""
         path.mkdir(parents=True, exist_ok=True)
         summary = {k: getattr(self, k) for k in self.SUMMARY}
         (path / "result.json").write_text(json.dumps(summary, indent=1))
         np.savez(path / "global_state.npz", **self.global_state)
+        if self.selected_state is not None:
+            np.savez(path / "selected_state.npz", **self.selected_state)
         for name, rows in {"history": self.history, **self.tables}.items():
             pq.write_table(pa.Table.from_pylist(list(rows)), path / f"{name}.parquet")
 
@@ -59,10 +68,19 @@ class FederationResult:
         """Read what :meth:`save` wrote."""
         summary = json.loads((path / "result.json").read_text())
         summary["plots"] = {k: tuple(v) for k, v in summary["plots"].items()}
-        with np.load(path / "global_state.npz", allow_pickle=False) as npz:
-            state = {k: npz[k] for k in npz.files}
+        selected = path / "selected_state.npz"
         tables = {p.stem: pq.read_table(p).to_pylist() for p in sorted(path.glob("*.parquet"))}
-        return cls(history=tables.pop("history"), global_state=state, tables=tables, **summary)
+        return cls(history=tables.pop("history"), global_state=load_state(
+            path / "global_state.npz"), selected_state=load_state(selected)
+            if selected.exists() else None, tables=tables, **summary)
+
+
+def load_state(path: Path) -> State:
+    """A model state saved as ``.npz`` (a result's ``global_state.npz``, an MLflow run's
+    ``model/final.npz``), read without pickle; load it into a model with
+    ``raydg.state.load``."""
+    with np.load(path, allow_pickle=False) as npz:
+        return {k: npz[k] for k in npz.files}
 
 SELECTIONS = {
     "selected": "selected round (training-domain validation)",
@@ -165,7 +183,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
     return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
 
 
-def _first_seen(values: Sequence[Any]) -> list[Any]:
+def first_seen(values: Sequence[Any]) -> list[Any]:
     return list(dict.fromkeys(values))
 
 
@@ -174,7 +192,7 @@ def summary_rows(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[st
     target; ``Avg`` averages the targets within each seed, then takes mean and std over seeds.
     Settings keep the search's order."""
     out = []
-    order = {s: i for i, s in enumerate(_first_seen(r["setting"] for r in rows))}
+    order = {s: i for i, s in enumerate(first_seen(r["setting"] for r in rows))}
     keys = sorted({(r["method"], r["setting"], r["mode"], r["selection"]) for r in rows},
                   key=lambda k: (k[3] != "selected", k[0], order[k[1]], k[2]))
     for method, setting, mode, sel in keys:
@@ -197,27 +215,32 @@ def format_summary(summary: list[dict[str, Any]], targets: list[str], seeds: int
     """Plain-text tables, one per selection rule: rows method (and mode), columns targets, Avg
     and the local steps per client (mean over the runs)."""
     cols = [*targets, "Avg"]
-    blocks = []
-    for sel, title in SELECTIONS.items():
+    bodies: dict[str, list[list[str]]] = {}
+    for sel in SELECTIONS:
         rows = [r for r in summary if r["selection"] == sel]
-        if not rows:
-            continue
         modes = {r["mode"] for r in rows}
         names = [" ".join([r["method"], *([f"[{r['setting']}]"] if r["setting"] else []),
                            *([f"[{r['mode']}]"] if len(modes) > 1 else [])]) for r in rows]
-        cells = [[*(_cell(r[c], r[c + "_std"], seeds) for c in cols), f"{r['steps']:.0f}"]
-                 for r in rows]
-        blocks.append(_table(f"Accuracy (%) on the held-out domain, {title}, {seeds} seed(s)",
-                             ["Method", *cols, "Steps/client"],
-                             [[n, *c] for n, c in zip(names, cells, strict=True)]))
+        bodies[sel] = [[n, *(cell(r[c], r[c + "_std"], seeds) for c in cols),
+                        f"{r['steps']:.0f}"] for n, r in zip(names, rows, strict=True)]
+    blocks = []
+    for sel, title in SELECTIONS.items():  # a table equal to an earlier one is not repeated
+        same = [s for s in SELECTIONS if s != sel and bodies[s] == bodies[sel]]
+        if not bodies[sel] or any(list(SELECTIONS).index(s) < list(SELECTIONS).index(sel)
+                                  for s in same):
+            continue
+        also = "".join(f"; the same at the {SELECTIONS[s].split(' (')[0]}" for s in same)
+        blocks.append(text_table(
+            f"Accuracy (%) on the held-out domain, {title}, {seeds} seed(s){also}",
+            ["Method", *cols, "Steps/client"], bodies[sel]))
     return "\n\n".join(blocks)
 
 
-def _cell(mean: float, std: float, seeds: int) -> str:
+def cell(mean: float, std: float, seeds: int) -> str:
     return f"{mean:.2f} ± {std:.2f}" if seeds > 1 else f"{mean:.2f}"
 
 
-def _table(title: str, header: list[str], rows: list[list[str]]) -> str:
+def text_table(title: str, header: list[str], rows: list[list[str]]) -> str:
     """A plain-text table: columns of numbers right-aligned, the others left-aligned."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     numeric = [all(not r[i] or r[i][0].isdigit() or r[i][0] == "-" for r in rows)
@@ -243,12 +266,12 @@ def select_settings(rows: list[dict[str, Any]], targets: list[str]) -> list[dict
     """
     sel = [r for r in rows if r["selection"] == "selected"]
     out = []
-    for method, mode in _first_seen((r["method"], r["mode"]) for r in sel):
+    for method, mode in first_seen((r["method"], r["mode"]) for r in sel):
         mine = [r for r in sel if (r["method"], r["mode"]) == (method, mode)]
         chosen: dict[str, dict[int, float]] = {}
         for t in targets:
             runs = {s: [r for r in mine if r["target"] == t and r["setting"] == s]
-                    for s in _first_seen(r["setting"] for r in mine)}
+                    for s in first_seen(r["setting"] for r in mine)}
 
             def mean_of(key: str, s: str, runs=runs) -> float:
                 return float(np.mean([r[key] for r in runs[s]]))
@@ -279,12 +302,76 @@ def format_selection(selection: list[dict[str, Any]], seeds: int) -> str:
         name = r["method"] + (f" [{r['mode']}]" if len(modes) > 1 else "")
         avg = r["target"] == "Avg"
         rows.append([name, r["target"], r["setting"], "" if avg else f"{r['val_acc']:.2f}",
-                     _cell(r["accuracy"], r["accuracy_std"], seeds),
+                     cell(r["accuracy"], r["accuracy_std"], seeds),
                      r["oracle_setting"],
-                     "" if avg else _cell(r["oracle_accuracy"], r["oracle_accuracy_std"], seeds)])
+                     "" if avg else cell(r["oracle_accuracy"], r["oracle_accuracy_std"], seeds)])
     title = (f"Hyper-parameters selected per held-out domain by training-domain validation (best "
              f"mean source-validation accuracy over {seeds} seed(s)); accuracy (%) at the "
              "selected round. Oracle = best mean target accuracy: an upper bound, not a "
              "selection")
-    return _table(title, ["Method", "Target", "Selected setting", "Source val", "Target acc",
-                          "Oracle setting", "Oracle acc"], rows)
+    return text_table(title, ["Method", "Target", "Selected setting", "Source val",
+                              "Target acc", "Oracle setting", "Oracle acc"], rows)
+
+
+def paired_difference(rows: list[dict[str, Any]], method: str,
+                      baseline: str) -> tuple[float, float, int]:
+    """``method`` against ``baseline`` on the same seeds (same partitions and initial model):
+    per seed, the difference of their accuracies averaged over the targets; the mean over
+    seeds, the half-width of its 95 % t-interval (NaN for one seed) and the number of
+    seeds. Only seeds that both have on every target count."""
+    from scipy import stats
+
+    def by_seed(name: str) -> dict[int, list[float]]:
+        out: dict[int, dict[str, float]] = {}
+        for r in rows:
+            if r["method"] == name:
+                out.setdefault(r["seed"], {})[r["target"]] = r["accuracy"]
+        return out
+
+    a, b = by_seed(method), by_seed(baseline)
+    seeds = sorted(s for s in set(a) & set(b) if a[s].keys() == b[s].keys())
+    d = np.array([np.mean([a[s][t] - b[s][t] for t in a[s]]) for s in seeds])
+    if len(d) < 2:
+        return (float(d.mean()) if len(d) else float("nan")), float("nan"), len(d)
+    half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
+    return float(d.mean()), half, len(d)
+
+
+def plot_curves(points: Sequence[dict[str, Any]], path: Path) -> None:
+    """Accuracy per round, one panel per target, one colour per method: target accuracy
+    (solid) and mean source-validation accuracy (dashed), each the mean over seeds with a
+    band of one standard deviation. ``points``: dicts of method, target, seed, round,
+    target_acc and val_acc (fractions)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targets = first_seen([p["target"] for p in points])
+    methods = first_seen([p["method"] for p in points])
+    ncol = min(4, len(targets))
+    nrow = -(-len(targets) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.4 * ncol, 2.8 * nrow), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, target in zip(axes.flat, targets, strict=False):
+        for i, method in enumerate(methods):
+            mine = [p for p in points if p["target"] == target and p["method"] == method]
+            rounds = sorted({p["round"] for p in mine})
+            for key, style in (("target_acc", "-"), ("val_acc", "--")):
+                per_round = [[100 * p[key] for p in mine if p["round"] == r] for r in rounds]
+                mean = np.array([np.mean(v) for v in per_round])
+                std = np.array([np.std(v) for v in per_round])
+                colour = colours[i % len(colours)]
+                ax.plot(rounds, mean, style, color=colour,
+                        label=method if key == "target_acc" else None)
+                ax.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
+        ax.set_title(str(target), fontsize=8)
+        ax.set_xlabel("round")
+        ax.set_ylabel("accuracy (%)")
+    for ax in axes.flat[len(targets):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6, title="solid: target, dashed: source val",
+                        title_fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -22,6 +22,8 @@ import logging
 import math
 import os
 import re
+import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -203,20 +205,44 @@ def check_storage(storage: str) -> None:
 
 
 class Progress:
-    """One line per finished round of a federation, with the experiment's time left.
+    """Each finished round of a federation, with the experiment's time left: one line per round
+    (``lines``), a board of one updating line per running federation on a terminal
+    (``live``), or nothing (``none``: only messages marked important, e.g. warnings).
 
     The estimate is the work left over the federations running now: each running federation's
     rounds left at the mean steady round time (rounds after the first), and each federation not
     started yet at the mean start-up (trial start to first round, actors and round 1 included)
     plus its other rounds."""
 
-    def __init__(self, feds: list[Federation], out: Callable[[str], None]) -> None:
+    def __init__(self, feds: list[Federation], out: Callable[[str], None],
+                 mode: str = "lines", done: dict[str, int] | None = None) -> None:
         self.rounds = {f.key: f.config.rounds for f in feds}
-        self.done = dict.fromkeys(self.rounds, 0)
+        self.done = {k: (done or {}).get(k, 0) for k in self.rounds}
         self.started: dict[str, float] = {}  # key -> when its trial started
         self.startup: list[float] = []
         self.steady: list[float] = []
-        self.out = out
+        self.out, self.mode = out, mode
+        self.board: dict[str, str] = {}  # live: the line of each running federation
+        self.drawn = 0
+
+    def say(self, text: str, important: bool = False) -> None:
+        """A message (placement, restart, warning), above the live board."""
+        if self.mode != "none" or important:
+            self._clear()
+            self.out(text)
+            self._draw()
+
+    def _clear(self) -> None:
+        if self.drawn:
+            sys.stdout.write(f"\x1b[{self.drawn}F\x1b[J")  # up to the board's start, erase
+            self.drawn = 0
+
+    def _draw(self) -> None:
+        if self.mode == "live" and self.board:
+            width = shutil.get_terminal_size().columns - 1
+            sys.stdout.write("".join(line[:width] + "\n" for line in self.board.values()))
+            sys.stdout.flush()
+            self.drawn = len(self.board)
 
     def start(self, key: str) -> None:
         self.started.setdefault(key, time.perf_counter())
@@ -236,10 +262,19 @@ class Progress:
             float(np.mean(self.startup)) + (self.rounds[k] - 1) * steady for k in pending)
         eta = work / max(1, len(running))
         local = f" (local {100 * row['val_acc_local']:.1f}%)" if "val_acc_local" in row else ""
-        self.out(f"[{fed.title()}] round {int(row['round'])}/{self.rounds[key]}  "
-                 f"loss {row['train_loss']:.3f}  val {100 * row['val_acc']:.1f}%{local}  "
-                 f"target {100 * row['target_acc']:.1f}%  {row['round_seconds']:.1f}s/round  "
-                 f"left {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}")
+        line = (f"[{fed.title()}] round {int(row['round'])}/{self.rounds[key]}  "
+                f"loss {row['train_loss']:.3f}  val {100 * row['val_acc']:.1f}%{local}  "
+                f"target {100 * row['target_acc']:.1f}%  {row['round_seconds']:.1f}s/round  "
+                f"left {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}")
+        if self.mode == "lines":
+            self.out(line)
+        elif self.mode == "live" and self.done[key] < self.rounds[key]:
+            self._clear()
+            self.board[key] = line
+            self._draw()
+        elif self.mode == "live":  # finished: its last line stays above the board
+            self.board.pop(key, None)
+            self.say(line)
 
 
 class Collector(tune.Callback):
@@ -251,13 +286,14 @@ class Collector(tune.Callback):
     Tune saves its callbacks with the experiment; a Collector is saved as a reference to the
     collector of whichever process resumes the experiment (:data:`ACTIVE`)."""
 
-    def __init__(self, feds: list[Federation], tracker: Tracker,
-                 out: Callable[[str], None]) -> None:
+    def __init__(self, feds: list[Federation], tracker: Tracker, out: Callable[[str], None],
+                 progress: str = "lines") -> None:
         self.feds = {f.key: f for f in feds}
-        self.tracker, self.out = tracker, out
-        self.progress = Progress(feds, out)
+        self.tracker = tracker
         self.results: dict[str, FederationResult] = {}
         self.logged = {f.key: tracker.last_round(f.key) for f in feds}
+        self.progress = Progress(feds, out, progress, self.logged)
+        self.placement = ""  # the last placement line printed
         self.failed = False
 
     def __reduce__(self) -> tuple:
@@ -275,7 +311,11 @@ class Collector(tune.Callback):
                         **info: Any) -> None:
         fed, report = self._fed(trial), result["raydg"]
         for message in report["messages"]:
-            self.out(f"[{fed.title()}] {message}")
+            if message.startswith("placement:"):  # said once while it stays the same
+                if message == self.placement:
+                    continue
+                self.placement = message
+            self.progress.say(f"[{fed.title()}] {message}", message.startswith("warning"))
         row = report["row"]
         if row is not None and row["round"] > self.logged[fed.key]:
             self.logged[fed.key] = int(row["round"])
@@ -287,8 +327,9 @@ class Collector(tune.Callback):
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         fed = self._fed(trial)
         restarts = self.tracker.restarted(fed.key)
-        self.out(f"[{fed.title()}] failed ({_last_line(trial.error_file)}); restart "
-                 f"{restarts} of at most {fed.config.max_failures}, from its last checkpoint")
+        self.progress.say(f"[{fed.title()}] failed ({_last_line(trial.error_file)}); restart "
+                          f"{restarts} of at most {fed.config.max_failures}, from its last "
+                          "checkpoint", important=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         fed = self._fed(trial)
@@ -424,8 +465,8 @@ def verify_checkpoints(directory: str, feds: list[Federation]) -> None:
 
 def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset,
                     weights: dict[str, dict[str, Tensor]], tracker: Tracker,
-                    out: Callable[[str], None], directory: str,
-                    resume: bool = False) -> list[FederationResult]:
+                    out: Callable[[str], None], directory: str, resume: bool = False,
+                    progress: str = "lines") -> list[FederationResult]:
     """Run every federation as a Tune trial in the experiment folder ``directory`` (as many
     at once as the cluster holds, at most ``max_concurrent``), or, with ``resume``, continue
     an interrupted experiment there: finished federations are not run again, unfinished ones
@@ -438,13 +479,13 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
     :class:`Interrupted`."""
     cfg = plan.config
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's old console path is silent at verbose=0
-    collector = Collector(feds, tracker, out)
+    collector = Collector(feds, tracker, out, progress)
     ACTIVE.update(collector=collector, stopper=StopOnError(collector))
     trainable = tune.with_resources(tune.with_parameters(federation, data=data,
                                                          weights=weights), trial_resources)
     if resume:
         verify_checkpoints(directory, feds)
-        out(f"raydg: resuming the experiment in {directory}")
+        collector.progress.say(f"raydg: resuming the experiment in {directory}")
         tuner = tune.Tuner.restore(directory, trainable, resume_unfinished=True,
                                    resume_errored=True)
     else:
@@ -460,7 +501,8 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
                 stop=ACTIVE["stopper"],
                 failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
-        out(f"raydg: {len(feds)} federations as Tune trials, results in {directory}")
+        collector.progress.say(f"raydg: {len(feds)} federations as Tune trials, results in "
+                               f"{directory}")
     grid = tuner.fit()
     for result in grid:
         if result.error is not None:

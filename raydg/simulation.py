@@ -82,8 +82,9 @@ class Simulation:
         self._steps = 0  # local steps of client phases since the last round's row
         self.history: list[dict[str, float]] = []  # rounds whose evaluation has finished
         self._sampler = seeding.numpy_rng(seed, seeding.SAMPLING)
-        # the last aggregated round, its evaluation under way: (row, futures, start)
-        self._pending: tuple[dict[str, float], Any, float] | None = None
+        # the last aggregated round, its evaluation under way: (row, futures, start, state)
+        self._pending: tuple[dict[str, float], Any, float, st.State] | None = None
+        self._selected: st.State | None = None  # the global model of the best round so far
         self._restored_row: dict[str, float] | None = None
         test = data.domain(target)
         # the target domain stays on the driver (which checks its device before any actor
@@ -114,6 +115,7 @@ class Simulation:
         assert self._pending is not None, "a snapshot is taken between rounds"
         return {"round": self.round, "global_state": self.global_state,
                 "history": self.history, "pending": self._pending[0],
+                "selected_state": self._selected,
                 "ledger": self.ledger.rows, "tables": dict(self.tables),
                 "has_local": sorted(self._has_local), "steps": self._steps,
                 "sampler": self._sampler.bit_generator.state,
@@ -122,6 +124,7 @@ class Simulation:
     def _restore(self, snap: dict[str, Any]) -> None:
         self.round, self.global_state = snap["round"], snap["global_state"]
         self.history, self._restored_row = snap["history"], snap["pending"]
+        self._selected = snap["selected_state"]
         self.ledger.rows = snap["ledger"]
         self.tables.update(snap["tables"])
         self._has_local, self._steps = set(snap["has_local"]), snap["steps"]
@@ -212,10 +215,12 @@ class Simulation:
         cfg = self.config
         n, k = len(self.client_ids), clients_per_round(cfg, len(self.client_ids))
 
-        def finish(row: dict[str, float], futures: Any, start: float,
+        def finish(row: dict[str, float], futures: Any, start: float, state: st.State,
                    end: float | None = None) -> None:
             row.update(self._finish_evaluation(futures))
             row["round_seconds"] = (end or time.perf_counter()) - start
+            if not self.history or row["val_acc"] > max(r["val_acc"] for r in self.history):
+                self._selected = state  # the selected round: the first with the best val
             self.history.append(row)
             self._warn_on_collapse(self.history)
             if on_round is not None:
@@ -228,7 +233,7 @@ class Simulation:
             global_ref = ray.put(self.global_state)  # then once per round, after aggregation
             if self._restored_row is not None:  # the restored round's evaluation, again
                 self._pending = (self._restored_row, self._start_evaluation(global_ref),
-                                 time.perf_counter())
+                                 time.perf_counter(), self.global_state)
             for rnd in range(self.round + 1, cfg.rounds + 1):
                 start = time.perf_counter()
                 self.round = rnd
@@ -243,7 +248,7 @@ class Simulation:
                 row.update(self.ledger.totals(rnd), clients_moved=self.pool.moved)
                 row.update(self.method.on_round_end(self))
                 previous, self._pending = self._pending, (
-                    row, self._start_evaluation(global_ref), start)
+                    row, self._start_evaluation(global_ref), start, self.global_state)
                 if previous is not None:
                     finish(*previous, end=start)
             last, self._pending = self._pending, None
@@ -297,7 +302,7 @@ class Simulation:
                               "train_samples": self.num_samples[c]} for c in self.client_ids]
         return FederationResult(
             method=self.label, target=self.config.target, seed=self.config.seed,
-            history=history,
+            history=history, selected_state=self._selected,
             selected_round=int(best["round"]),
             selected={m.split("/", 1)[1]: best[m] for m in modes},
             last={m.split("/", 1)[1]: history[-1][m] for m in modes},

@@ -28,8 +28,8 @@ from typing import Any
 import yaml
 
 from raydg.config import RunConfig, Search, setting_label, to_dict
-from raydg.errors import RaydgError
-from raydg.results import FederationResult, plot, write_table
+from raydg.errors import RaydgError, TrackingError
+from raydg.results import FederationResult, plot, plot_curves, steps_per_client, write_table
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_PARAMS = 100  # per MLflow log_batch call
@@ -38,8 +38,31 @@ SERVER_TIMEOUT = 5.0  # seconds for a tracking server to answer before the run s
 HTTP_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 
 
-class TrackingError(Exception):
-    """MLflow calls that still failed at the end of an experiment."""
+def _version() -> dict[str, str]:
+    """raydg's version, and the git commit of its source when it runs from a checkout
+    (``+dirty`` with uncommitted changes)."""
+    import subprocess
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        out = {"raydg.version": version("raydg")}
+    except PackageNotFoundError:
+        out = {"raydg.version": "unknown"}
+    source = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"],
+                                capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(source), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return out
+    if commit.returncode == 0:
+        out["raydg.commit"] = commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    return out
+
+
+VERSION = _version()
 
 
 def tracking_uri(cfg: RunConfig) -> str:
@@ -69,6 +92,7 @@ def check_store(uri: str) -> None:
         from filelock import FileLock
         from mlflow import MlflowClient
 
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # no schema-migration INFO lines
         with FileLock(uri[len("sqlite:///"):] + ".lock"):
             MlflowClient(uri).search_experiments(max_results=1)
 
@@ -83,6 +107,13 @@ def flat_params(cfg: RunConfig) -> dict[str, str]:
     params = {k: v for k, v in to_dict(cfg).items() if k != "options"}
     params.update({f"options.{k}": v for k, v in cfg.options.items()})
     return {k: str(v) for k, v in params.items()}
+
+
+EXPERIMENT_NOTE = """Runs of raydg: a parent run per `raydg run` (its description, `results.txt`
+and `curves.png` hold the summary; its metric `avg/selected/<mode>`, the Avg over targets at
+the training-domain-validated round, makes a useful column), a child run per federation
+(target, seed, setting) with per-round metrics, its tables, the ledger and the global models
+under `model/`. Paper tables over many runs: `raydg report`."""
 
 
 class Tracker:
@@ -101,6 +132,11 @@ class Tracker:
         name = cfg.experiment or cfg.dataset
         found = self.client.get_experiment_by_name(name)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(name)
+        # MLflow 3's UI opens a model-training experiment on its runs, not its GenAI overview;
+        # the note is the experiment's description in the UI
+        for tag, value in (("mlflow.experimentKind", "custom_model_development"),
+                           ("mlflow.note.content", EXPERIMENT_NOTE)):
+            self.client.set_experiment_tag(self.experiment_id, tag, value)
         self.run_id = run_id or ""
         self.children: dict[str, str] = {}  # federation key -> run id
         self.open: set[str] = set()  # children not yet ended
@@ -152,7 +188,7 @@ class Tracker:
                                 "storage, and raydg resume logs what is missing")
 
     def tags(self) -> dict[str, str]:
-        return {"raydg.method": self.label, "raydg.dataset": self.cfg.dataset}
+        return {"raydg.method": self.label, "raydg.dataset": self.cfg.dataset, **VERSION}
 
     def _call(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` after the backlog; keep it (and say so, once) if MLflow fails."""
@@ -246,17 +282,34 @@ class Tracker:
         return count
 
     def log_result(self, key: str, result: FederationResult) -> None:
-        """Final metrics of a child run and its tables (history, ledger, placement, method
-        tables, with their plots); the child run ends ``FINISHED``."""
-        metrics: dict[str, float] = {"selected_round": result.selected_round}
+        """Final metrics of a child run (``raydg.mode`` tags the mode it reports), its tables
+        (history, ledger, placement, method tables, with their plots) and its global models
+        (``model/final.npz``, ``model/selected.npz``: the selected round's); the child run
+        ends ``FINISHED``."""
+        metrics: dict[str, float] = {"selected_round": result.selected_round,
+                                     "steps_per_client": steps_per_client(result)}
         for mode in result.selected:
             metrics[f"final/target_acc_selected/{mode}"] = result.selected[mode]
             metrics[f"final/target_acc_last/{mode}"] = result.last[mode]
             metrics[f"final/target_acc_oracle/{mode}"] = result.oracle[mode]
         self._metrics(self._child(key), metrics)
+        self._call(lambda: self.client.set_tag(self.children[key], "raydg.mode", result.mode))
         tables = {"history": result.history, **result.tables}
         self._call(lambda: self.log_tables(self.children[key], tables, plots=result.plots))
+        models = {"final": result.global_state, "selected": result.selected_state}
+        self._call(lambda: self.log_models(self.children[key], models))
         self.end_child(key, "FINISHED")
+
+    def log_models(self, run_id: str, models: dict[str, Any]) -> None:
+        """Model states as ``model/<name>.npz`` (read back with ``raydg.results.load_state``,
+        no pickle)."""
+        import numpy as np
+
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, state in models.items():
+                if state is not None:
+                    np.savez(Path(tmp) / f"{name}.npz", **state)
+            self.client.log_artifacts(run_id, tmp, artifact_path="model")
 
     def end_child(self, key: str, status: str) -> None:
         self._call(lambda: self.client.set_terminated(self.children[key], status))
@@ -266,9 +319,13 @@ class Tracker:
 
     def log_tables(self, run_id: str, tables: dict[str, list[dict[str, Any]]],
                    text: dict[str, str] | None = None,
-                   plots: dict[str, tuple[str, ...]] | None = None) -> None:
-        """Tables as Parquet and CSV, plots (PNG) of those in ``plots``, text files."""
+                   plots: dict[str, tuple[str, ...]] | None = None,
+                   curves: list[dict[str, Any]] | None = None) -> None:
+        """Tables as Parquet and CSV, plots (PNG) of those in ``plots``, text files, and the
+        accuracy curves as ``curves.png``."""
         with tempfile.TemporaryDirectory() as tmp:
+            if curves:
+                plot_curves(curves, Path(tmp) / "curves.png")
             for name, rows in tables.items():
                 if rows:
                     write_table(rows, Path(tmp) / name)
@@ -279,8 +336,12 @@ class Tracker:
             self.client.log_artifacts(run_id, tmp)
 
     def log_summary(self, metrics: dict[str, float], tables: dict[str, list[dict[str, Any]]],
-                    printed: str) -> None:
+                    printed: str, curves: list[dict[str, Any]]) -> None:
+        """The parent run's headline metrics, tables, printed text, config and ``curves.png``
+        (accuracy per round of its federations, :func:`raydg.results.plot_curves`)."""
         self._metrics(lambda: self.run_id, metrics)
+        self.set_tag("mlflow.note.content", f"```\n{printed}\n```")  # the run page's description
         config = yaml.safe_dump(to_dict(self.cfg), sort_keys=False)
         self._call(lambda: self.log_tables(self.run_id, tables,
-                                           {"config.yaml": config, "results.txt": printed}))
+                                           {"config.yaml": config, "results.txt": printed},
+                                           curves=curves))

@@ -12,9 +12,10 @@ round), so runs are reproducible.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where a transform runs: the CLI's help needs none of it
+    from torch import Tensor
 
 TRANSFORMS = ("none", "flip", "flip-jitter", "crop-flip", "domainbed")
 
@@ -40,4 +41,6 @@ def augment_batch(x: Tensor, transform: Callable[[Tensor], Tensor] | None) -> Te
     """Apply ``transform`` to each image of a uint8 batch ``(n, C, H, W)``."""
     if transform is None:
         return x
+    import torch
+
     return torch.stack([transform(img) for img in x])

@@ -13,15 +13,18 @@ from raydg.plan import resolve
 
 @pytest.fixture(scope="session", autouse=True)
 def _storage(tmp_path_factory):
-    """Tune's storage in a temporary folder, never ./raydg-results of the checkout."""
+    """Tune's storage and the MLflow store in a temporary folder, never in the checkout."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAYDG_STORAGE", str(tmp_path_factory.mktemp("raydg-results")))
+        mp.setenv("MLFLOW_TRACKING_URI",
+                  f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}")
         yield
 
 
 @pytest.fixture(scope="module")
 def ray_session():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
     yield
     ray.shutdown()
 

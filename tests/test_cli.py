@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
 from raydg.cli import cli
-from raydg.config import RunConfig, apply, load_yaml, parse_sets
+from raydg.config import RunConfig, apply, load_yaml, parse_sets, split_search
 from raydg.methods import METHODS
 from raydg.plan import resolve
 
@@ -56,7 +56,7 @@ def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
 def test_yaml_then_set_precedence(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("dataset: digits-rot\nrounds: 7\nlr: 0.1\noptions: {mu: 0.5}\n")
-    cfg = apply(RunConfig(), load_yaml(path))
+    cfg = apply(RunConfig(), split_search(load_yaml(path))[0])
     cfg = apply(cfg, parse_sets(["rounds=3", "options.mu=0.2", "seeds=[1, 2]"]))
     assert (cfg.dataset, cfg.rounds, cfg.lr, cfg.options, cfg.seeds) == (
         "digits-rot", 3, 0.1, {"mu": 0.2}, [1, 2])
@@ -162,7 +162,7 @@ def test_impossible_partition_is_refused_before_ray_starts(monkeypatch):
 
 @pytest.mark.parametrize("path", sorted(Path(__file__).parents[1].glob("configs/*.yaml")))
 def test_shipped_configs_resolve(path):
-    cfg = resolve(apply(RunConfig(), load_yaml(path)))
+    cfg = resolve(apply(RunConfig(), split_search(load_yaml(path))[0]))
     assert cfg.dataset in path.name
 
 

@@ -86,7 +86,8 @@ def test_two_node_cluster_places_federations_on_both_nodes_with_single_node_resu
     children = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id],
                                   f"tags.mlflow.parentRunId = '{lost.run_id}'")
     assert sorted(c.data.tags.get("raydg.restarts", "0") for c in children) == ["0", "1"]
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
     try:
         local = run_experiment(dataclasses.replace(cfg, address=None), out=lambda _: None)
     finally:

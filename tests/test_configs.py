@@ -65,7 +65,7 @@ def header(path: Path) -> str:
 
 
 def loaded(path: Path) -> RunConfig:
-    return resolve(apply(RunConfig(), load_yaml(path)))
+    return resolve(apply(RunConfig(), split_search(load_yaml(path))[0]))
 
 
 def test_there_are_paper_configs():

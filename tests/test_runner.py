@@ -23,8 +23,8 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 @pytest.fixture(scope="module")
 def ray_session():
     """2 CPUs and one GPU that Ray schedules but torch cannot see (a failing trial's cause)."""
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
+             logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -100,7 +100,8 @@ def test_one_mlflow_writer_keeps_every_round_of_concurrent_trials(concurrent):
     assert second.info.start_time < first.info.end_time
     # raydg's progress lines, not Tune's tables
     assert sum("] round " in line for line in lines) == 4
-    assert sum("] placement: 4 clients on 1 actor " in line for line in lines) == 2
+    # the same placement for both trials: said once
+    assert sum("] placement: 4 clients on 1 actor " in line for line in lines) == 1
     assert not any("Trial" in line or "╭" in line for line in lines)
 
 

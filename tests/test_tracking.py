@@ -10,8 +10,9 @@ import pytest
 from mlflow import MlflowClient
 
 from raydg.config import RunConfig
+from raydg.errors import TrackingError
 from raydg.plan import resolve
-from raydg.tracking import Tracker, TrackingError
+from raydg.tracking import Tracker
 
 
 def _tracker(tmp_path) -> Tracker:

@@ -1,0 +1,322 @@
+"""``raydg report``: a paper's table from many runs in the MLflow store.
+
+Reads the child runs (one per federation) of raydg experiments, however they were launched, and
+prints per method (rows) and held-out domain (columns, then Avg) the accuracy at one model
+selection, mean and std over seeds. Runs that differ in any setting other than method, target,
+seed and the method's own options are never averaged together: each set of settings is a table
+of its own, and the settings that differ are named. Runs that did not finish are listed apart.
+This module reads the store only: no Ray, no torch.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raydg.config import NOT_RESULTS
+from raydg.errors import EmptyResult, RaydgError
+from raydg.results import (
+    SELECTIONS,
+    cell,
+    first_seen,
+    paired_difference,
+    plot_curves,
+    summary_rows,
+    text_table,
+)
+
+# params a table's rows may differ in: they name the row, not the table
+ROW_KEYS = ("method", "augment", "equal_compute", "target", "seeds", "seed")
+FORMATS = ("console", "markdown", "latex", "csv", "json")
+
+
+@dataclass
+class Run:
+    """One finished or unfinished federation, as MLflow has it."""
+
+    run_id: str
+    status: str
+    method: str
+    target: str
+    seed: int
+    mode: str  # the reported inference mode
+    params: dict[str, str]
+    metrics: dict[str, float]
+
+    def accuracy(self, selection: str) -> float:
+        return 100 * self.metrics.get(f"final/target_acc_{selection}/{self.mode}", np.nan)
+
+    def settings(self) -> tuple[tuple[str, str], ...]:
+        """What a table holds fixed: every result-relevant param but the row's."""
+        return tuple(sorted((k, v) for k, v in self.params.items()
+                            if k not in ROW_KEYS and k not in NOT_RESULTS
+                            and not k.startswith(("options.", "method_options"))))
+
+    def options(self) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((k, v) for k, v in self.params.items() if k.startswith("options.")))
+
+
+@dataclass
+class Table:
+    settings: dict[str, str]
+    targets: list[str]
+    runs: list[Run]
+    rows: list[dict[str, Any]] = field(default_factory=list)  # summary rows, one per method
+
+
+def find_runs(client: Any, experiments: Sequence[str], dataset: str | None,
+              methods: Sequence[str], filter_string: str) -> list[Run]:
+    """The child runs of raydg experiments (all, or those named) that match the filters, in
+    the order they started (which gives the tables' order of methods and targets)."""
+    from mlflow.exceptions import MlflowException
+
+    if experiments:
+        found = [client.get_experiment_by_name(name) for name in experiments]
+        missing = [n for n, e in zip(experiments, found, strict=True) if e is None]
+        if missing:
+            raise RaydgError(f"no MLflow experiment {missing[0]!r} in {client.tracking_uri}")
+    else:
+        found = client.search_experiments()
+    try:
+        runs = client.search_runs([e.experiment_id for e in found], filter_string,
+                                  max_results=50000, order_by=["attributes.start_time ASC"])
+    except MlflowException as err:
+        raise RaydgError(f"--filter {filter_string!r}: {err.message.splitlines()[0]}") from None
+    out = []
+    for r in runs:
+        tags = r.data.tags
+        if "raydg.target" not in tags or (dataset and tags.get("raydg.dataset") != dataset):
+            continue
+        if methods and tags.get("raydg.method") not in methods:
+            continue
+        out.append(Run(r.info.run_id, r.info.status, tags["raydg.method"], tags["raydg.target"],
+                       int(tags["raydg.seed"]), tags.get("raydg.mode", "global"),
+                       dict(r.data.params), dict(r.data.metrics)))
+    return out
+
+
+def tables(runs: list[Run], selection: str, order: Sequence[str] = ()) -> list[Table]:
+    """Finished runs grouped by settings; per table, the summary rows of each method (a
+    method's option values join its name where one table holds several). Targets are in
+    ``order`` (a paper's), then in the order first seen."""
+    done = [r for r in runs if r.status == "FINISHED"]
+    out = []
+    for key in first_seen([r.settings() for r in done]):
+        mine = [r for r in done if r.settings() == key]
+        targets = sorted(first_seen([r.target for r in mine]),
+                         key=lambda t: list(order).index(t) if t in order else len(order))
+        table = Table(dict(key), targets, mine)
+        table.rows = summary_rows(long_rows(mine, selection), targets)
+        out.append(table)
+    return out
+
+
+def row_name(run: Run, runs: list[Run]) -> str:
+    """``method``, or ``method [options]`` where the same method runs with other options."""
+    variants = {r.options() for r in runs if r.method == run.method}
+    if len(variants) < 2:
+        return run.method
+    shared = set.intersection(*(set(v) for v in variants))
+    return run.method + " [" + " ".join(f"{k[8:]}={v}" for k, v in run.options()
+                                         if (k, v) not in shared) + "]"
+
+
+def long_rows(runs: list[Run], selection: str) -> list[dict[str, Any]]:
+    return [{"method": row_name(r, runs), "setting": "", "target": r.target, "seed": r.seed,
+             "mode": "reported", "selection": selection, "accuracy": r.accuracy(selection),
+             "steps": r.metrics.get("steps_per_client", np.nan)} for r in runs]
+
+
+def differing(tabs: list[Table]) -> list[str]:
+    """The settings in which the tables differ."""
+    keys = sorted({k for t in tabs for k in t.settings})
+    return [k for k in keys if len({t.settings.get(k) for t in tabs}) > 1]
+
+
+def versus(table: Table, baseline: str, selection: str) -> dict[str, dict[str, str]]:
+    """Per method of ``table``: its paired difference to ``baseline`` over seeds, with the
+    95 % interval (none where the table lacks the baseline)."""
+    rows = long_rows(table.runs, selection)
+    names = first_seen([r["method"] for r in rows])
+    out = {}
+    for m in names if baseline in names else []:
+        if m != baseline:
+            mean, half, n = paired_difference(rows, m, baseline)
+            out[m] = {f"vs {baseline} (95% CI)": f"{mean:+.2f} ± {half:.2f}" if n > 1
+                      else f"{mean:+.2f} ({n} seed)"}
+    return out
+
+
+def columns(client: Any, table: Table, selection: str, baseline: str | None, ledger: bool,
+            seconds: bool) -> dict[str, dict[str, str]]:
+    """The optional columns of a table, by method: ``--versus``, ``--ledger``, ``--timing``."""
+    out: dict[str, dict[str, str]] = {}
+    for part in (versus(table, baseline, selection) if baseline else {},
+                 communication(client, table) if ledger else {},
+                 timing(client, table) if seconds else {}):
+        for m, cols in part.items():
+            out.setdefault(m, {}).update(cols)
+    return out
+
+
+def paper_rows(paper: dict[str, Any], targets: list[str]) -> dict[str, dict[str, float]]:
+    """The published numbers of the table's targets (and Avg), by method."""
+    return {m: {t: v for t, v in row.items() if t in [*targets, "Avg"]}
+            for m, row in paper["accuracy"].items()}
+
+
+def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, dict[str, str]]],
+           paper: dict[str, Any] | None) -> str:
+    """The tables in one format; ``extras``: per table, additional columns by method
+    (column -> text)."""
+    title = f"Accuracy (%) on the held-out domain, {SELECTIONS[selection]}"
+    blocks, records = [], []
+    for i, (t, extra) in enumerate(zip(tabs, extras, strict=True)):
+        cols = [*t.targets, "Avg"]
+        seeds = len({r.seed for r in t.runs})
+        added = sorted({k for r in t.rows for k in extra.get(r["method"], {})})
+        published = paper_rows(paper, t.targets) if paper else {}
+        body = []
+        for r in t.rows:
+            more = extra.get(r["method"], {})
+            body.append([r["method"], *(cell(r[c], r[c + "_std"], seeds) for c in cols),
+                         *(more.get(k, "") for k in added)])
+            records.append({"table": i, **{k: t.settings[k] for k in differing(tabs)},
+                            "method": r["method"], "seeds": seeds, **{c: r[c] for c in cols},
+                            **{f"{c}_std": r[c + "_std"] for c in cols}, **more})
+            if r["method"] in published:
+                paper_row = published[r["method"]]
+                records[-1].update({f"paper_{c}": v for c, v in paper_row.items()})
+                body.append([f"  {paper['source']}", *(
+                    f"{paper_row[c]:.2f}" if c in paper_row else "" for c in cols),
+                    *[""] * len(added)])
+                body.append(["  measured - paper", *(
+                    f"{r[c] - paper_row[c]:+.2f}" if c in paper_row else "" for c in cols),
+                    *[""] * len(added)])
+        note = ", ".join(f"{k}={t.settings[k]}" for k in differing(tabs))
+        heading = f"{title}, {seeds} seed(s)" + (f" [{note}]" if note else "")
+        blocks.append((heading, ["Method", *cols, *added], body))
+    return _format(blocks, records, fmt)
+
+
+def _format(blocks: list[tuple[str, list[str], list[list[str]]]],
+            records: list[dict[str, Any]], fmt: str) -> str:
+    """Tables (heading, header, body) as text, or their records as JSON or CSV."""
+    if fmt == "json":
+        return json.dumps(records, indent=1)
+    if fmt == "csv":
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=list(dict.fromkeys(
+            k for rec in records for k in rec)))
+        writer.writeheader()
+        writer.writerows(records)
+        return buffer.getvalue()
+    if fmt == "markdown":
+        return "\n\n".join(
+            "\n".join([f"**{h}**", "", "| " + " | ".join(head) + " |",
+                       "|" + "---|" * len(head), *("| " + " | ".join(b) + " |" for b in body)])
+            for h, head, body in blocks)
+    if fmt == "latex":
+        return "\n\n".join(_latex(h, head, body) for h, head, body in blocks)
+    return "\n\n".join(text_table(h, head, body) for h, head, body in blocks)
+
+
+def _latex(heading: str, header: list[str], body: list[list[str]]) -> str:
+    def esc(text: str) -> str:
+        for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
+                     ("#", r"\#"), ("±", r"$\pm$")):
+            text = text.replace(a, b)
+        return text
+
+    lines = [f"% {heading}", r"\begin{tabular}{l" + "r" * (len(header) - 1) + "}", r"\hline",
+             " & ".join(esc(h) for h in header) + r" \\", r"\hline"]
+    lines += [" & ".join(esc(c) for c in row) + r" \\" for row in body]
+    return "\n".join([*lines, r"\hline", r"\end{tabular}"])
+
+
+def curve_points(client: Any, table: Table) -> list[dict[str, Any]]:
+    """Per-round target and source-validation accuracy of every run of ``table``."""
+    points = []
+    for r in table.runs:
+        history = {key: {m.step: m.value for m in client.get_metric_history(r.run_id, key)}
+                   for key in ("target_acc", "val_acc")}
+        name = row_name(r, table.runs)
+        points += [{"method": name, "target": r.target, "seed": r.seed, "round": step,
+                    "target_acc": acc, "val_acc": history["val_acc"].get(step, np.nan)}
+                   for step, acc in sorted(history["target_acc"].items())]
+    return points
+
+
+def communication(client: Any, table: Table) -> dict[str, dict[str, str]]:
+    """Per method: mean bytes up and down per round, and the kinds of information that
+    travel (from one run's ledger)."""
+    import pyarrow.parquet as pq
+    from mlflow.artifacts import download_artifacts
+
+    out: dict[str, dict[str, str]] = {}
+    for method in first_seen([row_name(r, table.runs) for r in table.runs]):
+        runs = [r for r in table.runs if row_name(r, table.runs) == method]
+        per_round = {k: np.mean([m.value for r in runs for m in
+                                 client.get_metric_history(r.run_id, k)])
+                     for k in ("bytes_up", "bytes_down")}
+        ledger = pq.read_table(download_artifacts(run_id=runs[0].run_id,
+                                                  artifact_path="ledger.parquet",
+                                                  tracking_uri=client.tracking_uri))
+        kinds = sorted(set(ledger.column("kind").to_pylist()))
+        out[method] = {"MB up/round": f"{per_round['bytes_up'] / 1e6:.3f}",
+                       "MB down/round": f"{per_round['bytes_down'] / 1e6:.3f}",
+                       "shared": " ".join(kinds)}
+    return out
+
+
+def timing(client: Any, table: Table) -> dict[str, dict[str, str]]:
+    out = {}
+    for method in first_seen([row_name(r, table.runs) for r in table.runs]):
+        seconds = [m.value for r in table.runs if row_name(r, table.runs) == method
+                   for m in client.get_metric_history(r.run_id, "round_seconds")]
+        out[method] = {"s/round": f"{np.mean(seconds):.2f}"}
+    return out
+
+
+def report(client: Any, *, experiments: Sequence[str] = (), dataset: str | None = None,
+           methods: Sequence[str] = (), filter_string: str = "", selection: str = "selected",
+           fmt: str = "console", baseline: str | None = None, ledger: bool = False,
+           seconds: bool = False, paper: dict[str, Any] | None = None,
+           plot: Path | None = None) -> tuple[str, list[str]]:
+    """The report in format ``fmt`` and, for the formats that are data, the notes on it
+    (tables kept apart, runs left out), which the console format holds in its text;
+    :class:`RaydgError` for bad input, :class:`EmptyResult` when no finished run matches."""
+    runs = find_runs(client, experiments, dataset, methods, filter_string)
+    if not runs:
+        raise EmptyResult("no raydg runs match (check --experiment, --dataset, --method, "
+                          f"--filter and the store {client.tracking_uri})")
+    tabs = tables(runs, selection, first_seen(
+        [t for row in (paper or {}).get("accuracy", {}).values() for t in row]))
+    if not tabs:
+        raise EmptyResult(f"{len(runs)} matching runs, none finished")
+    names = first_seen([r["method"] for t in tabs for r in t.rows])
+    if baseline and baseline not in names:
+        raise RaydgError(f"--versus {baseline}: no such method in the tables; methods: "
+                         f"{', '.join(names)}")
+    extras = [columns(client, t, selection, baseline, ledger, seconds) for t in tabs]
+    apart = [f"{len(tabs)} tables: the runs differ in {', '.join(differing(tabs))}, which are "
+             "never averaged together"] if len(tabs) > 1 else []
+    unfinished = ", ".join(f"{r.method} {r.target} seed={r.seed} ({r.status})"
+                           for r in runs if r.status != "FINISHED")
+    left_out = [f"Not in the tables (not finished): {unfinished}"] if unfinished else []
+    if plot is not None:  # one figure per table: FILE, FILE-2, ...
+        for i, t in enumerate(tabs):
+            plot_curves(curve_points(client, t),
+                        plot if i == 0 else plot.with_name(f"{plot.stem}-{i + 1}{plot.suffix}"))
+    text = render(tabs, fmt, selection, extras, paper)
+    if fmt == "console":
+        return "\n\n".join([*apart, text, *left_out]), []
+    return text, apart + left_out
+

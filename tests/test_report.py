@@ -1,0 +1,292 @@
+"""``raydg report`` on a store written by real runs: its numbers against ones computed here from
+the runs' per-round metrics, runs that differ in a setting kept apart, every output format, the
+curves figure, bad input, and what the MLflow UI server shows of a raydg store."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import matplotlib.figure
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import requests
+from click.testing import CliRunner
+from mlflow import MlflowClient
+from mlflow.artifacts import download_artifacts
+from PIL import Image
+from scipy import stats
+
+from raydg.cli import cli
+from raydg.config import RunConfig
+from raydg.experiment import run_experiment
+
+TARGETS = ("M0", "M45")
+SEEDS = (0, 1)
+METHODS = ("fedavg", "fedbn")
+EXPERIMENT = "report-test"
+
+
+def _run(uri: str, method: str, target: str, **overrides) -> None:
+    cfg = RunConfig(dataset="digits-rot", method=method, target=target, seeds=list(SEEDS),
+                    rounds=2, local_steps=3, batch_size=16, tracking_uri=uri,
+                    experiment=EXPERIMENT, **overrides)
+    run_experiment(cfg, out=lambda _: None, progress="none")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, ray_session) -> str:
+    """2 methods x 2 targets x 2 seeds, each (method, target) its own ``raydg run``, and one
+    more fedavg run on M0 with another learning rate."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store')}/mlflow.db"
+    for method in METHODS:
+        for target in TARGETS:
+            _run(uri, method, target)
+    _run(uri, "fedavg", "M0", lr=0.5)
+    return uri
+
+
+def _invoke(uri: str, *args: str):
+    return CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--experiment", EXPERIMENT,
+                                    *args])
+
+
+def _children(uri: str, lr: str | None = None) -> list:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(EXPERIMENT)
+    runs = [r for r in client.search_runs([exp.experiment_id])
+            if "raydg.target" in r.data.tags]
+    return [r for r in runs if lr is None or r.data.params["lr"] == lr]
+
+
+def _expected(uri: str, selection: str, lr: str) -> dict[str, dict[str, float]]:
+    """Per method: mean and std over seeds per target and of the per-seed Avg, from each run's
+    logged ``val_acc`` / ``target_acc`` per round (selected: the first round of best source
+    validation accuracy; last; oracle: the best target accuracy)."""
+    client = MlflowClient(uri)
+    acc: dict[tuple[str, str, int], float] = {}
+    for run in _children(uri, lr):
+        val = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "val_acc"),
+                                       key=lambda m: m.step)]
+        target = [m.value for m in sorted(
+            client.get_metric_history(run.info.run_id, "target_acc"), key=lambda m: m.step)]
+        pick = {"selected": target[int(np.argmax(val))], "last": target[-1],
+                "oracle": max(target)}[selection]
+        tags = run.data.tags
+        acc[tags["raydg.method"], tags["raydg.target"], int(tags["raydg.seed"])] = 100 * pick
+    out = {}
+    for method in METHODS:
+        row = {}
+        for t in TARGETS:
+            values = [acc[method, t, s] for s in SEEDS]
+            row[t], row[t + "_std"] = np.mean(values), np.std(values, ddof=1)
+        per_seed = [np.mean([acc[method, t, s] for t in TARGETS]) for s in SEEDS]
+        row["Avg"], row["Avg_std"] = np.mean(per_seed), np.std(per_seed, ddof=1)
+        row["per_seed"] = per_seed
+        out[method] = row
+    return out
+
+
+def _csv(uri: str, *args: str) -> list[dict[str, str]]:
+    result = _invoke(uri, "--format", "csv", *args)
+    assert result.exit_code == 0, result.output
+    return list(csv.DictReader(io.StringIO(result.stdout)))
+
+
+@pytest.mark.parametrize("selection", ["selected", "last", "oracle"])
+def test_report_numbers_match_the_runs_metrics(store, selection):
+    rows = _csv(store, "--selection", selection, "--filter", "params.lr = '0.05'")
+    expected = _expected(store, selection, "0.05")
+    assert [r["method"] for r in rows] == list(METHODS)
+    for r in rows:
+        assert r["seeds"] == "2"
+        for col in (*TARGETS, "Avg"):
+            assert float(r[col]) == pytest.approx(expected[r["method"]][col], abs=1e-9)
+            assert float(r[col + "_std"]) == pytest.approx(expected[r["method"]][col + "_std"],
+                                                           abs=1e-9)
+
+
+def test_runs_with_another_lr_are_a_table_of_their_own(store):
+    result = _invoke(store)
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("2 tables: the runs differ in lr, which are never averaged")
+    rows = _csv(store)
+    assert sorted((r["lr"], r["method"]) for r in rows) == [
+        ("0.05", "fedavg"), ("0.05", "fedbn"), ("0.5", "fedavg")]
+    other = next(r for r in rows if r["lr"] == "0.5")
+    run = _children(store, "0.5")
+    assert len(run) == 2 and other["seeds"] == "2" and other["M45"] == ""  # M0 only
+    mine = [100 * r.data.metrics["final/target_acc_selected/global"] for r in run]
+    assert float(other["M0"]) == pytest.approx(np.mean(mine), abs=1e-9)
+    default = next(r for r in rows if (r["lr"], r["method"]) == ("0.05", "fedavg"))
+    assert float(default["M0"]) == pytest.approx(
+        _expected(store, "selected", "0.05")["fedavg"]["M0"], abs=1e-9)
+
+
+def test_versus_is_the_paired_difference_with_a_t_interval(store):
+    result = _invoke(store, "--filter", "params.lr = '0.05'", "--versus", "fedavg",
+                     "--format", "json")
+    assert result.exit_code == 0, result.output
+    fedbn = next(r for r in json.loads(result.stdout) if r["method"] == "fedbn")
+    expected = _expected(store, "selected", "0.05")
+    d = np.subtract(expected["fedbn"]["per_seed"], expected["fedavg"]["per_seed"])
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    mean, _, width = fedbn["vs fedavg (95% CI)"].partition(" ± ")
+    assert float(mean) == pytest.approx(d.mean(), abs=0.005)
+    assert float(width) == pytest.approx(half, abs=0.005)
+
+
+def test_ledger_and_timing_columns(store):
+    rows = {r["method"]: r for r in _csv(store, "--filter", "params.lr = '0.05'", "--ledger",
+                                         "--timing")}
+    client = MlflowClient(store)
+    for method in METHODS:
+        runs = [r for r in _children(store, "0.05") if r.data.tags["raydg.method"] == method]
+        ledger = pq.read_table(download_artifacts(
+            run_id=runs[0].info.run_id, artifact_path="ledger.parquet",
+            tracking_uri=store)).to_pylist()
+        up = sum(e["bytes"] for e in ledger if e["direction"] == "up") / 2  # 2 rounds
+        assert float(rows[method]["MB up/round"]) == pytest.approx(up / 1e6, abs=0.0006)
+        assert rows[method]["shared"].split() == sorted({e["kind"] for e in ledger})
+        seconds = [m.value for r in runs
+                   for m in client.get_metric_history(r.info.run_id, "round_seconds")]
+        assert float(rows[method]["s/round"]) == pytest.approx(np.mean(seconds), abs=0.006)
+
+
+def test_paper_numbers_beside_the_measured(store, tmp_path):
+    config = tmp_path / "paper.yaml"
+    config.write_text("dataset: digits-rot\npaper:\n  source: Test et al.\n  selection: last\n"
+                      "  accuracy:\n    fedbn: {M0: 50.0, M45: 40.0, Avg: 45.0}\n")
+    result = _invoke(store, "--filter", "params.lr = '0.05'", "--paper", str(config))
+    assert result.exit_code == 0, result.output
+    assert "last round" in result.output.splitlines()[0]  # the paper's selection by default
+    expected = _expected(store, "last", "0.05")["fedbn"]
+    lines = result.output.splitlines()
+    paper = next(i for i, line in enumerate(lines) if line.strip().startswith("Test et al."))
+    assert lines[paper].split()[-3:] == ["50.00", "40.00", "45.00"]
+    diffs = [float(x) for x in lines[paper + 1].split()[-3:]]
+    assert diffs == pytest.approx([expected["M0"] - 50, expected["M45"] - 40,
+                                   expected["Avg"] - 45], abs=0.006)
+
+
+def test_markdown_and_latex_shapes(store):
+    md = _invoke(store, "--format", "markdown").stdout.strip().split("\n\n")
+    assert len(md) == 4 and md[0].startswith("**Accuracy") and md[2].startswith("**Accuracy")
+    headers = []
+    for table in md[1::2]:
+        lines = table.splitlines()
+        cells = len(lines[0].split("|")) - 2
+        assert lines[1] == "|" + "---|" * cells
+        assert all(line.startswith("| ") and line.count("|") == cells + 1 for line in lines[2:])
+        headers.append([c.strip() for c in lines[0].split("|")[1:-1]])
+    assert headers == [["Method", "M0", "M45", "Avg"], ["Method", "M0", "Avg"]]
+    tex = _invoke(store, "--format", "latex").stdout
+    assert tex.count(r"\begin{tabular}") == tex.count(r"\end{tabular}") == 2
+    blocks = re.findall(r"\\begin\{tabular\}\{(lr*)\}(.*?)\\end\{tabular\}", tex, re.S)
+    assert [spec for spec, _ in blocks] == ["lrrr", "lrr"]
+    for spec, body in blocks:
+        rows = [line for line in body.strip().splitlines() if line.endswith(r"\\")]
+        assert len(rows) == 1 + (2 if spec == "lrrr" else 1)  # header and the methods
+        assert all(line.count("&") == len(spec) - 1 for line in rows)
+        assert all(re.search(r"(?<!\\)[%_#&]", line.replace(" & ", "")) is None
+                   for line in rows)
+        assert r"$\pm$" in body
+
+
+def test_plot_is_a_png_with_one_panel_per_target(store, tmp_path, monkeypatch):
+    figures = []
+    save = matplotlib.figure.Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        figures.append([ax.get_title() for ax in fig.axes if ax.axison])
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
+    path = tmp_path / "curves.png"
+    result = _invoke(store, "--filter", "params.lr = '0.05'", "--plot", str(path))
+    assert result.exit_code == 0, result.output
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.size[0] > 2 * image.size[1]
+    assert figures == [list(TARGETS)]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--experiment", "no-such-experiment"), "no MLflow experiment 'no-such-experiment'"),
+    (("--filter", "params.lr === 'x'"), "--filter \"params.lr === 'x'\""),
+    (("--versus", "fedprox"), "--versus fedprox: no such method"),
+    (("--paper", "{tmp}/no-paper.yaml"), "no-paper.yaml has no valid 'paper' section"),
+])
+def test_bad_input_is_one_line(store, tmp_path, args, message):
+    (tmp_path / "no-paper.yaml").write_text("dataset: digits-rot\n")
+    args = [a.format(tmp=tmp_path) for a in args]
+    result = CliRunner().invoke(cli, ["report", "--tracking-uri", store, *args])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("raydg: error: ") and message in lines[0]
+
+
+def test_an_empty_result_says_so_and_exits_1(store):
+    result = _invoke(store, "--method", "gperxan")
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.strip().startswith("raydg: no raydg runs match")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_mlflow_ui_shows_a_model_training_experiment_with_its_summary(store):
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store, "--host",
+         "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(120, server.kill)  # a server that never listens fails the test
+    guard.start()
+    try:
+        for line in server.stderr:  # blocks until the server says it listens
+            if "running on" in line.lower() or "listening at" in line.lower():
+                break
+        assert server.poll() is None, "the MLflow server ended"
+        api = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+        exp = requests.get(f"{api}/experiments/get-by-name",
+                           params={"experiment_name": EXPERIMENT}, timeout=30).json()
+        tags = {t["key"]: t["value"] for t in exp["experiment"]["tags"]}
+        assert tags["mlflow.experimentKind"] == "custom_model_development"
+        runs = requests.post(f"{api}/runs/search", json={
+            "experiment_ids": [exp["experiment"]["experiment_id"]],
+            "filter": "tags.mlflow.parentRunId IS NULL"}, timeout=30).json()["runs"]
+        assert len(runs) == 5
+        for run in runs:
+            metrics = {m["key"] for m in run["data"]["metrics"]}
+            assert {"avg/selected/global", "avg/last/global", "avg/oracle/global"} <= metrics
+            run_tags = {t["key"]: t["value"] for t in run["data"]["tags"]}
+            assert "Accuracy (%) on the held-out domain" in run_tags["mlflow.note.content"]
+            assert run_tags["raydg.version"] and "raydg.commit" in run_tags
+        page = requests.get(f"http://127.0.0.1:{port}/", timeout=30)
+        assert page.status_code == 200 and "<html" in page.text.lower()
+    finally:
+        guard.cancel()
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def test_logged_models_reload(store):
+    from raydg.results import load_state
+
+    run = _children(store, "0.05")[0]
+    local = Path(download_artifacts(run_id=run.info.run_id, artifact_path="model",
+                                    tracking_uri=store))
+    final, selected = load_state(local / "final.npz"), load_state(local / "selected.npz")
+    assert final.keys() == selected.keys() and final
+    assert all(isinstance(v, np.ndarray) for v in final.values())
