@@ -11,7 +11,10 @@ in client-id order.
 
 Inside a Tune trial (:mod:`raydg.runner`) the n client actors take the last n bundles of the
 trial's placement group, one each, so a federation holds exactly what its trial reserved and never
-starves another; outside a trial (tests, benchmarks) actors are placed freely.
+starves another; outside a trial (tests, benchmarks) actors are placed freely. A federation that
+finishes inside a trial parks its actors in their bundles: Tune runs the next federation of the
+same resources on the same trial actor and placement group (``reuse_actors``), and that
+federation resets the warm actors (torch imported, threads started) instead of starting new ones.
 """
 
 from __future__ import annotations
@@ -81,6 +84,22 @@ def describe_placement(rows: list[dict[str, Any]], cfg: RunConfig) -> str:
 IN_FLIGHT = 1  # trainings queued per actor: the rest stay free to be stolen
 STATE = "state"  # concurrency group of adopt/release: they run while the actor trains
 
+# In a trial's driver actor: the client actors a finished federation left in the trial's
+# placement group, by group id, with the (actors, CPU, GPU) they were made for.
+_PARKED: dict[str, tuple[tuple[int, float, float], list[Any]]] = {}
+
+
+def _unpark(n: int, cfg: RunConfig) -> list[Any]:
+    """The parked actors of the current placement group if they fit ``n`` actors of ``cfg``'s
+    resources (reset by the caller); any that do not fit are killed, freeing their bundles."""
+    group = ray.util.get_current_placement_group()
+    kind, actors = _PARKED.pop(group.id.hex(), (None, [])) if group else (None, [])
+    if kind == (n, cfg.cpus_per_actor, cfg.gpus_per_actor):
+        return actors
+    for a in actors:
+        ray.kill(a)
+    return []
+
 
 class ClientPool:
     """The client actors of one simulation, addressed by client id."""
@@ -91,15 +110,23 @@ class ClientPool:
         n_actors = cfg.actors or min(len(clients), actor_capacity(cfg))
         self.sizes = {c.client_id: c.num_train for c in clients}
         groups = balanced_groups(self.sizes, min(n_actors, len(clients)))
-        host = ray.remote(concurrency_groups={STATE: 1})(ClientHost)
-        self.actors = [host.options(num_cpus=cfg.cpus_per_actor, num_gpus=cfg.gpus_per_actor,
-                                    **in_bundle(i, len(groups))).remote(method, cfg, spec, mean,
-                                                                        std, [])
-                       for i in range(len(groups))]
         self.home: dict[int, int] = {}
         self.moved = 0  # clients that changed actor in the last round
         self._validating: list[Any] = []  # the last validation, which reads the actors' clients
         self.cfg = cfg
+        self.actors = _unpark(len(groups), cfg)
+        try:
+            ray.get([a.reset.remote(method, cfg, spec, mean, std) for a in self.actors])
+        except ray.exceptions.RayActorError:  # a parked actor was lost: start afresh
+            self.shutdown()
+            self.actors = []
+        self.reused = bool(self.actors)
+        if not self.actors:
+            host = ray.remote(concurrency_groups={STATE: 1})(ClientHost)
+            self.actors = [host.options(num_cpus=cfg.cpus_per_actor,
+                                        num_gpus=cfg.gpus_per_actor, **in_bundle(i, len(groups))
+                                        ).remote(method, cfg, spec, mean, std, [])
+                           for i in range(len(groups))]
         try:
             self.shards = {c.client_id: ray.put(c) for c in clients}
             ray.get([self._adopt(cid, a, None) for a, g in enumerate(groups) for cid in g])
@@ -125,7 +152,8 @@ class ClientPool:
         rows = []
         for i, where in enumerate(ray.get([a.where.remote() for a in self.actors])):
             g = sorted(c for c, a in self.home.items() if a == i)
-            rows.append({"role": "client", "actor": i, **where, "clients": len(g),
+            rows.append({"role": "client", "actor": i, **where, "reused": self.reused,
+                         "clients": len(g),
                          "client_ids": ",".join(map(str, g)),
                          "train_samples": sum(self.sizes[c] for c in g)})
         return rows
@@ -193,6 +221,14 @@ class ClientPool:
         ray.get([self.actors[self.home[cid]].set_state.remote(cid, state)
                  for cid, state in states.items()])
 
-    def shutdown(self) -> None:
+    def shutdown(self, park: bool = False) -> None:
+        """End the actors; ``park``: inside a trial, leave them for the trial's next federation
+        (after the tasks they already have)."""
+        group = ray.util.get_current_placement_group()
+        if park and group is not None:
+            ray.get([a.clear.remote() for a in self.actors])
+            _PARKED[group.id.hex()] = ((len(self.actors), self.cfg.cpus_per_actor,
+                                        self.cfg.gpus_per_actor), self.actors)
+            return
         for a in self.actors:
             ray.kill(a)

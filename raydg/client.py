@@ -115,6 +115,15 @@ class ClientHost(Runtime):
         for shard in shards:
             self.adopt(shard)
 
+    def reset(self, method: Method, cfg: RunConfig, spec: ModelSpec,
+              mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        """Host another federation in this warm process: as if built anew."""
+        self.__init__(method, cfg, spec, mean, std, [])
+
+    def clear(self) -> None:
+        """Drop every hosted client (their shards and state), between federations."""
+        self.slots.clear()
+
     def adopt(self, data: ClientData, state: ClientState | None = None) -> None:
         """Host a client: its shard (a zero-copy view when it comes from the object store)."""
         self.slots[data.client_id] = ClientSlot(data, state or ClientState())

@@ -61,7 +61,9 @@ class FederationResult:
         if self.selected_state is not None:
             np.savez(path / "selected_state.npz", **self.selected_state)
         for name, rows in {"history": self.history, **self.tables}.items():
-            pq.write_table(pa.Table.from_pylist(list(rows)), path / f"{name}.parquet")
+            columns = dict.fromkeys(k for r in rows for k in r)  # every row's keys, not the first's
+            pq.write_table(pa.table({k: [r.get(k) for r in rows] for k in columns}),
+                           path / f"{name}.parquet")
 
     @classmethod
     def load(cls, path: Path) -> FederationResult:

@@ -226,6 +226,7 @@ class Simulation:
             if on_round is not None:
                 on_round(row)
 
+        finished = False
         try:
             self._record_placement()
             if self._restored_row is None:
@@ -245,6 +246,7 @@ class Simulation:
                 self.global_state = self.method.aggregate(self, uploads)
                 global_ref = ray.put(self.global_state)
                 row = self._training_metrics(rnd, uploads)
+                self._warn_on_divergence(rnd, row["train_loss"])
                 row.update(self.ledger.totals(rnd), clients_moved=self.pool.moved)
                 row.update(self.method.on_round_end(self))
                 previous, self._pending = self._pending, (
@@ -256,10 +258,12 @@ class Simulation:
                 finish(*last)
             for name, rows in self.evaluator.analyze(self.global_state).items():
                 self.tables[f"target_{name}"] = rows
-            return self._result(self.history)
+            result = self._result(self.history)
+            finished = True
+            return result
         finally:
             self._evaluation.shutdown()
-            self.pool.shutdown()
+            self.pool.shutdown(park=finished)  # warm actors for the trial's next run
 
     def _training_metrics(self, rnd: int, uploads: list[Upload]) -> dict[str, float]:
         """The round's mean training loss, every value the method logged (mean over the
@@ -274,24 +278,38 @@ class Simulation:
         self._steps = 0
         return row
 
+    def _warn(self, kind: str, rnd: int, message: str) -> None:
+        """Print a warning of ``kind`` once per federation, naming the likely cause; its round
+        and text go to table ``kind``."""
+        if kind in self.tables:
+            return
+        message = "warning: " + message + " " + (
+            self.method.collapse_hint or "Likely a learning rate too high or a loss term that "
+            "outweighs the cross-entropy.")
+        self.tables[kind].append({"round": rnd, "message": message})
+        self.log(message)
+
     def _warn_on_collapse(self, history: list[dict[str, float]]) -> None:
-        """Say so, once, when for ``COLLAPSE_ROUNDS`` rounds the training loss has stayed at
-        ln(C) (uniform predictions over C classes, within 2 %) and source validation below
-        twice chance, instead of finishing silently at chance."""
+        """Warn when for ``COLLAPSE_ROUNDS`` rounds the training loss has stayed at ln(C)
+        (uniform predictions over C classes, within 2 %) and source validation below twice
+        chance, instead of finishing silently at chance."""
         classes = self.spec.num_classes
         chance = math.log(classes)
         recent = history[-COLLAPSE_ROUNDS:]
-        if (len(recent) < COLLAPSE_ROUNDS or "collapse" in self.tables
-                or any(abs(r["train_loss"] - chance) > 0.02 * chance
-                       or r["val_acc"] >= 2 / classes for r in recent)):
-            return
-        message = (f"warning: the training loss has stayed at ln({self.spec.num_classes}) = "
-                   f"{chance:.3f} for {COLLAPSE_ROUNDS} rounds: the model predicts every class "
-                   "alike and learns nothing. " + (self.method.collapse_hint or
-                   "Likely a learning rate too high or a loss term that outweighs the "
-                   "cross-entropy."))
-        self.tables["collapse"].append({"round": int(recent[-1]["round"]), "message": message})
-        self.log(message)
+        if len(recent) == COLLAPSE_ROUNDS and all(
+                abs(r["train_loss"] - chance) <= 0.02 * chance and r["val_acc"] < 2 / classes
+                for r in recent):
+            self._warn("collapse", int(recent[-1]["round"]),
+                       f"the training loss has stayed at ln({classes}) = {chance:.3f} for "
+                       f"{COLLAPSE_ROUNDS} rounds: the model predicts every class alike and "
+                       "learns nothing.")
+
+    def _warn_on_divergence(self, rnd: int, loss: float) -> None:
+        """Warn when the aggregated model holds a NaN or an infinity: training diverged."""
+        if not all(np.isfinite(v).all() for v in self.global_state.values()):
+            self._warn("divergence", rnd, f"the global model holds NaN or infinite weights "
+                       f"after round {rnd} (mean training loss {loss:.3g}): training diverged "
+                       "and every later accuracy is meaningless.")
 
     def _result(self, history: list[dict[str, float]]) -> FederationResult:
         best = max(history, key=lambda r: (r["val_acc"], -r["round"]))

@@ -210,3 +210,16 @@ def test_a_run_stuck_at_chance_says_so_once():
     assert result.tables["collapse"][0]["round"] == 3
     _, learning = _run(rounds=3)  # a run that learns is not flagged
     assert "collapse" not in learning.tables
+
+
+def test_a_diverging_run_says_so_once():
+    cfg = tiny_config(rounds=3, lr=1e6)
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    lines: list[str] = []
+    result = Simulation(cfg, data, cfg.target, cfg.seed, log=lines.append).run()
+    assert not all(np.isfinite(v).all() for v in result.global_state.values())
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert len(warnings) == 1 and "NaN or infinite weights after round" in warnings[0]
+    assert 1 <= result.tables["divergence"][0]["round"] <= 3
+    _, learning = _run(rounds=3)
+    assert "divergence" not in learning.tables

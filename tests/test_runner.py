@@ -70,6 +70,10 @@ def test_concurrent_trials_equal_sequential_runs_whatever_the_layout(concurrent)
         cfg, max_concurrent=1, actors=2, placement="spread",
         tracking_uri=cfg.tracking_uri.replace("mlflow.db", "again.db")), out=lambda _: None)
     assert [_actors(r) for r in again.runs] == [2, 2]
+    # one after the other on one trial actor: the second federation reset the first's actors
+    clients = [[r for r in run.tables["placement"] if r["role"] == "client"] for run in again.runs]
+    assert [{r["pid"] for r in c} for c in clients[1:]] == [{r["pid"] for r in clients[0]}]
+    assert [c[0]["reused"] for c in clients] == [False, True]
     for a, b in zip(result.runs, again.runs, strict=True):
         _assert_same(a, b)
     assert again.summary == result.summary
