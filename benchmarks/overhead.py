@@ -107,8 +107,8 @@ def run_bare(cfg: RunConfig, data: MultiDomainDataset) -> Run:
         uploads = [host.train(c, global_state, rnd) for c in cids]
         global_state = st.weighted_average([u.state for u in uploads],
                                            [float(u.num_samples) for u in uploads])
-        val = host.validate(global_state, cfg.eval_local)
-        target = evaluator.evaluate(global_state)
+        val, _ = host.validate(global_state, cfg.eval_local)
+        target, _ = evaluator.evaluate(global_state)
         rounds.append(time.perf_counter() - start)
         metrics.append({
             "train_loss": float(np.mean([u.metrics["train_loss"] for u in uploads])),

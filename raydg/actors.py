@@ -198,9 +198,14 @@ class ClientPool:
             submit(actor)
         return sorted(done, key=lambda u: u.client_id)
 
-    def validate(self, global_ref: Any, with_local: bool) -> list[Any]:
-        """Futures of every actor's per-client validation accuracies."""
-        self._validating = [a.validate.remote(global_ref, with_local) for a in self.actors]
+    def validate(self, global_ref: Any, with_local: bool, clients: list[int]) -> list[Any]:
+        """Futures of the per-client validation accuracies of ``clients``, one per actor that
+        hosts any of them."""
+        hosts: dict[int, list[int]] = {}
+        for c in clients:
+            hosts.setdefault(self.home[c], []).append(c)
+        self._validating = [self.actors[a].validate.remote(global_ref, with_local, cids)
+                            for a, cids in sorted(hosts.items())]
         return self._validating
 
     def phase(self, name: str, cids: list[int], payload_ref: Any, global_ref: Any,

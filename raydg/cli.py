@@ -69,7 +69,7 @@ OPTION_GROUPS = {
                  "config_file", "sets", "grid"),
     "Training": ("rounds", "local_steps", "lr", "lr_schedule", "batch_size", "equal_compute",
                  "model", "image_size", "pretrained", "weights", "train_transform",
-                 "eval_local"),
+                 "eval_local", "validate_clients", "validate_every"),
     "Resources": ("actors", "cpus_per_actor", "gpus_per_actor", "max_concurrent", "placement",
                   "address", "storage"),
     "Data": ("data_root", "skip_bad_images", "cache", "cache_dir"),
@@ -120,6 +120,11 @@ RUN_OPTIONS = [
     click.option("--weights", metavar="FILE|glyphs",
                  help="Start the backbone from a state-dict file (torchvision format for the "
                       "ResNets) or from glyphs, raydg's offline pretraining."),
+    click.option("--validate-clients", metavar="all|sampled|K",
+                 help="Who validates each round's model for model selection: every client, "
+                      "the round's sampled ones, or K drawn per round. [default: all]"),
+    click.option("--validate-every", type=int, metavar="R",
+                 help="Validate every R rounds (and the last). [default: 1]"),
     click.option("--actors", type=int, help="Client actors per federation. [default: the "
                                             "cluster's CPUs shared among running federations]"),
     click.option("--cpus-per-actor", type=float, help="CPUs per client actor. [default: 1]"),

@@ -184,24 +184,27 @@ class ClientHost(Runtime):
             metrics["local_val_acc"] = best_acc
         return Upload(cid, data.num_train, upload, metrics)
 
-    def validate(self, global_state: st.State, with_local: bool) -> dict[int, dict[str, float]]:
-        """Each hosted client's validation accuracy under the global model.
+    def validate(self, global_state: st.State, with_local: bool,
+                 clients: list[int] | None = None) -> tuple[dict[int, dict[str, float]], float]:
+        """Each hosted client's (or of ``clients``, hosted here) validation accuracy under the
+        global model, and the seconds it took.
 
         With ``with_local`` also under the global model carrying the client's own local tensors
         (in-federation accuracy with local statistics, FedIG-A appendix A.7, Table 12).
         """
+        start = time.perf_counter()
         mode = self.method.eval_modes[0]
         out: dict[int, dict[str, float]] = {}
         st.load(self.model, global_state)
-        for cid, slot in sorted(self.slots.items()):
-            data, local = slot.data, slot.state.local
+        for cid in sorted(self.slots if clients is None else clients):
+            data, local = self.slots[cid].data, self.slots[cid].state.local
             out[cid] = {"val_acc": self.accuracy(self.model, data.val_x, data.val_y, mode)}
             if with_local and local is not None:
                 st.load(self.model, local)
                 out[cid]["val_acc_local"] = self.accuracy(self.model, data.val_x, data.val_y,
                                                           mode)
                 st.load(self.model, global_state, local.keys())
-        return out
+        return out, time.perf_counter() - start
 
     def phase(self, name: str, cid: int, payload: Any, global_state: st.State,
               rnd: int) -> tuple[Any, int]:
@@ -229,6 +232,9 @@ class Evaluator(Runtime):
             return self.method.analyze(
                 self.model, (self.inputs(self.x[i:i + bs]) for i in range(0, len(self.y), bs)))
 
-    def evaluate(self, global_state: st.State) -> dict[str, float]:
+    def evaluate(self, global_state: st.State) -> tuple[dict[str, float], float]:
+        """Target accuracy in every inference mode, and the seconds it took."""
+        start = time.perf_counter()
         st.load(self.model, global_state)
-        return {m: self.accuracy(self.model, self.x, self.y, m) for m in self.method.eval_modes}
+        return ({m: self.accuracy(self.model, self.x, self.y, m) for m in self.method.eval_modes},
+                time.perf_counter() - start)

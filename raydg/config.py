@@ -44,6 +44,11 @@ class RunConfig:
     # model selection and evaluation (FedFD-A §4.1 "Evaluation Protocols"; FedIG-A A.2)
     val_fraction: float = 0.1
     val_every: int = 20
+    # who validates each round's global model: all clients (the papers' protocol), the round's
+    # sampled clients, or K clients drawn per round ("100"), every validate_every rounds and
+    # the last: the cross-device settings, where validating N clients a round costs O(N)
+    validate_clients: str = "all"
+    validate_every: int = 1
     # upload each client's best-validation weights of the round; None: the method's paper
     client_selection: bool | None = None
     eval_local: bool = False  # in-federation accuracy with local statistics (FedIG-A A.7)

@@ -218,5 +218,5 @@ def curve_points(runs: list[FederationResult]) -> list[dict[str, Any]]:
     :func:`raydg.results.plot_curves`."""
     return [{"method": " ".join([r.method, *([setting_label(r.setting)] if r.setting else [])]),
              "target": r.target, "seed": r.seed, "round": int(h["round"]),
-             "target_acc": h["target_acc"], "val_acc": h["val_acc"]}
+             "target_acc": h["target_acc"], "val_acc": h.get("val_acc", float("nan"))}
             for r in runs for h in r.history]

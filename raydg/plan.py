@@ -87,8 +87,8 @@ def validate(cfg: RunConfig) -> None:
            f"unknown target domain {cfg.target!r} for {spec.name}; "
            f"choose one of {', '.join(spec.domains)} or 'all'")
     _check(len(cfg.seeds) > 0, "at least one seed is needed")
-    for key in ("rounds", "local_steps", "batch_size", "val_every", "eval_batch_size",
-                "image_size"):
+    for key in ("rounds", "local_steps", "batch_size", "val_every", "validate_every",
+                "eval_batch_size", "image_size"):
         _check(getattr(cfg, key) > 0, f"{key} must be positive, got {getattr(cfg, key)}")
     _check(cfg.lr > 0, f"lr must be positive, got {cfg.lr}")
     _check(cfg.clients is None or cfg.clients > 0, f"clients must be positive, got {cfg.clients}")
@@ -103,6 +103,10 @@ def validate(cfg: RunConfig) -> None:
            f"--sample {cfg.sample} is more than the {n} clients (K must be <= N)")
     _check(0 < cfg.val_fraction < 1, f"val_fraction must be in (0, 1), got {cfg.val_fraction}: "
            "model selection needs each client's source-validation split")
+    _check(cfg.validate_clients in ("all", "sampled") or (
+        cfg.validate_clients.isdigit() and int(cfg.validate_clients) > 0),
+           f"validate_clients must be all, sampled or a positive number of clients, got "
+           f"{cfg.validate_clients!r}")
     _check(cfg.agg_weights in ("samples", "uniform"),
            f"agg_weights must be 'samples' or 'uniform', got {cfg.agg_weights!r}")
     _check(cfg.actors is None or cfg.actors > 0, f"actors must be positive, got {cfg.actors}")

@@ -77,6 +77,14 @@ class FederationResult:
             if selected.exists() else None, tables=tables, **summary)
 
 
+def timing_free(history: list[dict[str, float]]) -> list[dict[str, float]]:
+    """History rows without the values that depend on time, load and placement
+    (``round_seconds``, ``clients_moved``, ``time/*``): what equal runs must share."""
+    return [{k: v for k, v in r.items()
+             if k not in ("round_seconds", "clients_moved") and not k.startswith("time/")}
+            for r in history]
+
+
 def load_state(path: Path) -> State:
     """A model state saved as ``.npz`` (a result's ``global_state.npz``, an MLflow run's
     ``model/final.npz``), read without pickle; load it into a model with
@@ -163,8 +171,8 @@ def steps_per_client(result: FederationResult) -> float:
 
 def long_rows(results: Sequence[FederationResult]) -> list[dict[str, Any]]:
     """One row per (federation, inference mode, selection): the round it selects, the mean
-    source-validation accuracy there and the target accuracy, both in percent, and the local
-    steps per client."""
+    source-validation accuracy there (NaN in a round left unvalidated) and the target
+    accuracy, both in percent, and the local steps per client."""
     def round_of(r: FederationResult, sel: str, mode: str) -> int:
         return {"selected": r.selected_round, "last": len(r.history),
                 "oracle": r.oracle_round[mode]}[sel]
@@ -173,7 +181,7 @@ def long_rows(results: Sequence[FederationResult]) -> list[dict[str, Any]]:
         {"method": r.method, "setting": setting_label(
             {k: v for k, v in r.setting.items() if k not in METHOD_KEYS}), "target": r.target,
          "seed": r.seed, "mode": mode, "selection": sel, "round": round_of(r, sel, mode),
-         "val_acc": 100.0 * r.history[round_of(r, sel, mode) - 1]["val_acc"],
+         "val_acc": 100.0 * r.history[round_of(r, sel, mode) - 1].get("val_acc", np.nan),
          "accuracy": 100.0 * getattr(r, sel)[mode], "steps": steps_per_client(r)}
         for r in results for sel in SELECTIONS for mode in r.selected
     ]

@@ -261,9 +261,10 @@ class Progress:
         work = sum((self.rounds[k] - self.done[k]) * steady for k in running) + sum(
             float(np.mean(self.startup)) + (self.rounds[k] - 1) * steady for k in pending)
         eta = work / max(1, len(running))
+        val = f"{100 * row['val_acc']:.1f}%" if "val_acc" in row else "-"  # not validated
         local = f" (local {100 * row['val_acc_local']:.1f}%)" if "val_acc_local" in row else ""
         line = (f"[{fed.title()}] round {int(row['round'])}/{self.rounds[key]}  "
-                f"loss {row['train_loss']:.3f}  val {100 * row['val_acc']:.1f}%{local}  "
+                f"loss {row['train_loss']:.3f}  val {val}{local}  "
                 f"target {100 * row['target_acc']:.1f}%  {row['round_seconds']:.1f}s/round  "
                 f"left {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}")
         if self.mode == "lines":

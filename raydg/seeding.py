@@ -25,4 +25,4 @@ def torch_generator(seed: int, *keys: int) -> torch.Generator:
 
 
 # Stream names (first key) so that different purposes never share a stream.
-PARTITION, SPLIT, SAMPLING, MODEL_INIT, CLIENT = 1, 2, 3, 4, 5
+PARTITION, SPLIT, SAMPLING, MODEL_INIT, CLIENT, VALIDATION = 1, 2, 3, 4, 5, 6

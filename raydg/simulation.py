@@ -86,6 +86,7 @@ class Simulation:
         self._pending: tuple[dict[str, float], Any, float, st.State] | None = None
         self._selected: st.State | None = None  # the global model of the best round so far
         self._restored_row: dict[str, float] | None = None
+        self._restored_validators: list[int] = []
         test = data.domain(target)
         # the target domain stays on the driver (which checks its device before any actor
         # starts); evaluation runs in a thread beside the rounds
@@ -118,12 +119,14 @@ class Simulation:
                 "selected_state": self._selected,
                 "ledger": self.ledger.rows, "tables": dict(self.tables),
                 "has_local": sorted(self._has_local), "steps": self._steps,
+                "validators": self._pending[1][2],
                 "sampler": self._sampler.bit_generator.state,
                 "clients": self.pool.snapshot(), "server": self.method.server_state()}
 
     def _restore(self, snap: dict[str, Any]) -> None:
         self.round, self.global_state = snap["round"], snap["global_state"]
         self.history, self._restored_row = snap["history"], snap["pending"]
+        self._restored_validators = snap["validators"]
         self._selected = snap["selected_state"]
         self.ledger.rows = snap["ledger"]
         self.tables.update(snap["tables"])
@@ -173,29 +176,52 @@ class Simulation:
             self._ledger_message(u.client_id, UP, "state", u.state)
         self._has_local.update(cids)
 
-    def _start_evaluation(self, global_ref: Any) -> tuple[Future, list[Any]]:
-        """Start target evaluation (a driver thread) and every actor's source validation of the
-        current global model; return the futures."""
-        return (self._evaluation.submit(self.evaluator.evaluate, self.global_state),
-                self.pool.validate(global_ref, self.config.eval_local))
+    def _validators(self, rnd: int, sampled: list[int]) -> list[int]:
+        """The clients whose source validation scores round ``rnd``'s model
+        (``validate_clients``: all, the round's sampled ones, or K drawn from the round's own
+        stream), every ``validate_every`` rounds and in the last; none in other rounds."""
+        cfg = self.config
+        if rnd % cfg.validate_every and rnd != cfg.rounds:
+            return []
+        if cfg.validate_clients == "all":
+            return self.client_ids
+        if cfg.validate_clients == "sampled":
+            return sampled
+        k = min(int(cfg.validate_clients), len(self.client_ids))
+        drawn = seeding.numpy_rng(cfg.seed, seeding.VALIDATION, rnd).choice(
+            self.client_ids, size=k, replace=False)
+        return sorted(int(c) for c in drawn)
 
-    def _finish_evaluation(self, futures: tuple[Any, list[Any]]) -> dict[str, float]:
-        """Mean source-validation accuracy over all clients, and target accuracy per mode."""
-        target, validation = futures
-        parts = ray.get(validation)
+    def _start_evaluation(self, global_ref: Any, validators: list[int]
+                          ) -> tuple[Future, list[Any], list[int]]:
+        """Start target evaluation (a driver thread) and the validators' source validation of
+        the current global model; return the futures and the validators."""
+        return (self._evaluation.submit(self.evaluator.evaluate, self.global_state),
+                self.pool.validate(global_ref, self.config.eval_local, validators), validators)
+
+    def _finish_evaluation(self, futures: tuple[Any, list[Any], list[int]]) -> dict[str, float]:
+        """Mean source-validation accuracy over the validators (none: no ``val_acc``, the
+        round cannot be selected), and target accuracy per mode."""
+        target, validation, validators = futures
+        metrics: dict[str, float] = {}
+        accuracies, metrics["time/evaluate"] = target.result()
+        for mode, acc in accuracies.items():
+            metrics[f"target_acc/{mode}"] = acc
+        metrics["target_acc"] = metrics[f"target_acc/{self.method.eval_modes[0]}"]
+        if not validators:
+            return metrics
+        parts, seconds = zip(*ray.get(validation), strict=True)
         seen = sorted(c for part in parts for c in part)
-        if seen != self.client_ids:
+        if seen != validators:
             raise RuntimeError(f"validation covered clients {seen}, expected each of "
-                               f"{self.client_ids} once")
+                               f"{validators} once")
         merged = {c: v for part in parts for c, v in part.items()}
-        per_client = [merged[c] for c in self.client_ids]  # client-id order: layout-independent
-        metrics = {"val_acc": float(np.mean([v["val_acc"] for v in per_client]))}
+        per_client = [merged[c] for c in validators]  # client-id order: layout-independent
+        metrics["val_acc"] = float(np.mean([v["val_acc"] for v in per_client]))
         if self.config.eval_local:
             metrics["val_acc_local"] = float(np.mean(
                 [v["val_acc_local"] for v in per_client if "val_acc_local" in v]))
-        for mode, acc in target.result().items():
-            metrics[f"target_acc/{mode}"] = acc
-        metrics["target_acc"] = metrics[f"target_acc/{self.method.eval_modes[0]}"]
+        metrics["time/validate"] = max(seconds)
         return metrics
 
     def _record_placement(self) -> None:
@@ -217,9 +243,12 @@ class Simulation:
 
         def finish(row: dict[str, float], futures: Any, start: float, state: st.State,
                    end: float | None = None) -> None:
+            waiting = time.perf_counter()
             row.update(self._finish_evaluation(futures))
+            row["time/wait"] = time.perf_counter() - waiting
             row["round_seconds"] = (end or time.perf_counter()) - start
-            if not self.history or row["val_acc"] > max(r["val_acc"] for r in self.history):
+            if "val_acc" in row and row["val_acc"] > max(
+                    (r["val_acc"] for r in self.history if "val_acc" in r), default=-1.0):
                 self._selected = state  # the selected round: the first with the best val
             self.history.append(row)
             self._warn_on_collapse(self.history)
@@ -233,24 +262,28 @@ class Simulation:
                 self.method.setup(self)
             global_ref = ray.put(self.global_state)  # then once per round, after aggregation
             if self._restored_row is not None:  # the restored round's evaluation, again
-                self._pending = (self._restored_row, self._start_evaluation(global_ref),
+                self._pending = (self._restored_row,
+                                 self._start_evaluation(global_ref, self._restored_validators),
                                  time.perf_counter(), self.global_state)
             for rnd in range(self.round + 1, cfg.rounds + 1):
                 start = time.perf_counter()
                 self.round = rnd
                 cids = sorted(int(c) for c in self._sampler.choice(n, size=k, replace=False))
                 uploads = self.pool.train(cids, global_ref, rnd)
+                trained = time.perf_counter()
                 self._ledger_round(cids, uploads)
                 for u in uploads:
                     self.record("client_rounds", {"client": u.client_id, **u.metrics})
                 self.global_state = self.method.aggregate(self, uploads)
                 global_ref = ray.put(self.global_state)
                 row = self._training_metrics(rnd, uploads)
+                row.update(self._phase_times(uploads, start, trained))
                 self._warn_on_divergence(rnd, row["train_loss"])
                 row.update(self.ledger.totals(rnd), clients_moved=self.pool.moved)
                 row.update(self.method.on_round_end(self))
                 previous, self._pending = self._pending, (
-                    row, self._start_evaluation(global_ref), start, self.global_state)
+                    row, self._start_evaluation(global_ref, self._validators(rnd, cids)), start,
+                    self.global_state)
                 if previous is not None:
                     finish(*previous, end=start)
             last, self._pending = self._pending, None
@@ -264,6 +297,19 @@ class Simulation:
         finally:
             self._evaluation.shutdown()
             self.pool.shutdown(park=finished)  # warm actors for the trial's next run
+
+    def _phase_times(self, uploads: list[Upload], start: float, trained: float
+                      ) -> dict[str, float]:
+        """Where a round's time goes, beside ``round_seconds``: ``time/train`` from the round's
+        start to the last upload; ``time/busy`` the clients' own training seconds per actor
+        (``train - busy``: actors idle behind stragglers, dispatch, the previous round's
+        validation); ``time/aggregate`` aggregating and putting the new global model. Set
+        with the evaluation: ``time/validate`` (the slowest actor's source validation, queued
+        before the next round's training), ``time/evaluate`` (target, a driver thread) and
+        ``time/wait`` (the driver blocked on both after the next aggregation)."""
+        busy = sum(u.metrics["seconds"] for u in uploads) / len(self.pool.actors)
+        return {"time/train": trained - start, "time/busy": busy,
+                "time/aggregate": time.perf_counter() - trained}
 
     def _training_metrics(self, rnd: int, uploads: list[Upload]) -> dict[str, float]:
         """The round's mean training loss, every value the method logged (mean over the
@@ -297,7 +343,8 @@ class Simulation:
         chance = math.log(classes)
         recent = history[-COLLAPSE_ROUNDS:]
         if len(recent) == COLLAPSE_ROUNDS and all(
-                abs(r["train_loss"] - chance) <= 0.02 * chance and r["val_acc"] < 2 / classes
+                abs(r["train_loss"] - chance) <= 0.02 * chance
+                and r.get("val_acc", 0.0) < 2 / classes
                 for r in recent):
             self._warn("collapse", int(recent[-1]["round"]),
                        f"the training loss has stayed at ln({classes}) = {chance:.3f} for "
@@ -312,7 +359,8 @@ class Simulation:
                        "and every later accuracy is meaningless.")
 
     def _result(self, history: list[dict[str, float]]) -> FederationResult:
-        best = max(history, key=lambda r: (r["val_acc"], -r["round"]))
+        best = max((r for r in history if "val_acc" in r),  # the last round always is
+                   key=lambda r: (r["val_acc"], -r["round"]))
         modes = [f"target_acc/{m}" for m in self.method.eval_modes]
         tables = dict(self.tables)
         tables["ledger"] = self.ledger.rows

@@ -87,6 +87,9 @@ BAD_INPUTS = [
      "the MLflow tracking server at http://127.0.0.1:9 does not answer"),
     (["run", "digits-style", "--set", "val_fraction=0"], "val_fraction must be in (0, 1)"),
     (["run", "digits-style", "--set", "checkpoint_every=0"], "checkpoint_every must be positive"),
+    (["run", "digits-style", "--validate-clients", "some"],
+     "validate_clients must be all, sampled or a positive number"),
+    (["run", "digits-style", "--validate-every", "0"], "validate_every must be positive"),
 ]
 
 SWEEP_FILES = [

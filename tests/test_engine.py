@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import numpy as np
@@ -11,10 +12,12 @@ import torch
 
 from raydg import seeding, state
 from raydg.actors import balanced_groups
+from raydg.client import ClientHost
 from raydg.datasets import load_dataset
-from raydg.methods import Method
+from raydg.methods import Method, method_class
+from raydg.models import ModelSpec
 from raydg.partition import make_clients, plan_clients
-from raydg.results import steps_per_client
+from raydg.results import steps_per_client, timing_free
 from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 
@@ -51,12 +54,19 @@ def test_one_and_two_actors_give_bit_identical_weights():
     assert one.global_state.keys() == two.global_state.keys()
     for k in one.global_state:
         np.testing.assert_array_equal(one.global_state[k], two.global_state[k], err_msg=k)
-    placement = {"round_seconds", "clients_moved"}  # the only layout-dependent metrics
+    assert timing_free(one.history) == timing_free(two.history)
+    for run, actors in ((one, 1), (two, 2)):
+        _check_phase_times(run, actors)
 
-    def strip(history):
-        return [{k: v for k, v in r.items() if k not in placement} for r in history]
 
-    assert strip(one.history) == strip(two.history)
+def _check_phase_times(run, actors: int) -> None:
+    """Each round's breakdown against the clients' own seconds (table ``client_rounds``)."""
+    for row in run.history:
+        seconds = [c["seconds"] for c in run.tables["client_rounds"]
+                   if c["round"] == row["round"]]
+        assert row["time/busy"] == pytest.approx(sum(seconds) / actors)
+        assert max(seconds) <= row["time/train"] <= row["round_seconds"]
+        assert row["time/validate"] > 0 and row["time/evaluate"] > 0 and row["time/wait"] >= 0
 
 
 def test_training_changes_weights_and_seed_matters():
@@ -223,3 +233,41 @@ def test_a_diverging_run_says_so_once():
     assert 1 <= result.tables["divergence"][0]["round"] <= 3
     _, learning = _run(rounds=3)
     assert "divergence" not in learning.tables
+
+
+def _per_client_val(result, cfg) -> dict[int, float]:
+    """Every client's validation accuracy under the final global model, in this process."""
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    shards = make_clients(data, cfg.target, cfg.clients, cfg.dirichlet, cfg.val_fraction,
+                          cfg.seed)
+    method = method_class("fedavg", None)()
+    spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
+    host = ClientHost(method, cfg, spec, data.mean, data.std, shards)
+    return {c: v["val_acc"] for c, v in host.validate(result.global_state, False)[0].items()}
+
+
+def test_fewer_validations_select_among_validated_rounds_and_leave_training_alone():
+    base = {"clients": 9, "sample": 3, "rounds": 4}
+    _, full = _run(**base)
+    _, every2 = _run(**base, validate_every=2)
+    _, sampled = _run(**base, validate_clients="sampled")
+    _, three = _run(**base, validate_clients="3")
+    _, nine = _run(**base, validate_clients="9")
+    for run in (every2, sampled, three, nine):  # validation never changes training
+        for k in full.global_state:
+            np.testing.assert_array_equal(run.global_state[k], full.global_state[k])
+    assert timing_free(nine.history) == timing_free(full.history)  # K = N: every client
+    assert ["val_acc" in r for r in every2.history] == [False, True, False, True]
+    for r, f in zip(every2.history, full.history, strict=True):
+        assert r.get("val_acc", f["val_acc"]) == f["val_acc"]
+    best = max((2, 4), key=lambda r: (full.history[r - 1]["val_acc"], -r))
+    assert every2.selected_round == best
+    cfg = tiny_config(**base)
+    per_client = _per_client_val(full, cfg)
+    assert full.history[-1]["val_acc"] == pytest.approx(np.mean(list(per_client.values())))
+    last = [c["client"] for c in sampled.tables["client_rounds"] if c["round"] == 4]
+    assert sampled.history[-1]["val_acc"] == pytest.approx(
+        np.mean([per_client[c] for c in last]))
+    means = {round(float(np.mean(s)), 12)
+             for s in itertools.combinations(per_client.values(), 3)}
+    assert round(three.history[-1]["val_acc"], 12) in means

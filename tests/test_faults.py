@@ -17,11 +17,11 @@ from mlflow import MlflowClient
 
 from raydg.config import RunConfig
 from raydg.experiment import run_experiment
+from raydg.results import timing_free
 
 TINY = {"dataset": "digits-style", "target": "sketch", "method": "fedbn", "clients": 4,
         "rounds": 6, "local_steps": 6, "batch_size": 16, "val_every": 2, "seeds": [0],
         "checkpoint_every": 1}
-TIMING = {"round_seconds", "clients_moved"}
 
 
 def _children(title: str) -> list[psutil.Process]:
@@ -33,8 +33,7 @@ def _children(title: str) -> list[psutil.Process]:
 def _same(a, b) -> None:
     for k in a.global_state:
         np.testing.assert_array_equal(a.global_state[k], b.global_state[k], err_msg=k)
-    assert [{k: v for k, v in r.items() if k not in TIMING} for r in a.history] == [
-        {k: v for k, v in r.items() if k not in TIMING} for r in b.history]
+    assert timing_free(a.history) == timing_free(b.history)
 
 
 @pytest.fixture(scope="module")

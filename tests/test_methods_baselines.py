@@ -90,7 +90,7 @@ def test_fedprox_gradient_is_ce_gradient_plus_mu_times_displacement():
 
 def test_validate_with_local_statistics_matches_independent_evaluation():
     host, uploads, new_global, _ = _two_rounds("fedbn")
-    got = host.validate(new_global, with_local=True)
+    got, _ = host.validate(new_global, with_local=True)
     spec = ModelSpec(host.cfg.model, 3, 10, host.cfg.image_size)
     for u in uploads:
         data = host.slots[u.client_id].data

@@ -14,6 +14,7 @@ from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.experiment import run_experiment
 from raydg.plan import plan_experiment
+from raydg.results import timing_free
 from raydg.runner import _root_cause
 from raydg.simulation import Simulation
 
@@ -30,19 +31,12 @@ def ray_session():
 
 TINY = {"dataset": "digits-style", "target": "sketch", "rounds": 2, "local_steps": 4,
         "batch_size": 16, "val_every": 2, "seeds": [0, 1]}
-PLACEMENT_METRICS = {"round_seconds", "clients_moved"}  # the only layout-dependent metrics
-
-
-def _strip(history):
-    return [{k: v for k, v in r.items() if k not in PLACEMENT_METRICS} for r in history]
-
-
 def _assert_same(a, b):
     assert (a.target, a.seed) == (b.target, b.seed)
     assert a.global_state.keys() == b.global_state.keys()
     for k in a.global_state:
         np.testing.assert_array_equal(a.global_state[k], b.global_state[k], err_msg=k)
-    assert _strip(a.history) == _strip(b.history)
+    assert timing_free(a.history) == timing_free(b.history)
     assert (a.selected_round, a.selected, a.last) == (b.selected_round, b.selected, b.last)
 
 
