@@ -32,7 +32,8 @@ Run:  python benchmarks/fidelity.py [--seeds 0 1 2 3 4] [--datasets digits-style
       [--regimes scratch glyphs] [--out docs/fidelity.md] [--json fidelity.json]
 
 With ``--json``, the rows already in that file are kept and their experiments are not run
-again: an interrupted benchmark continues where it stopped.
+again: an interrupted benchmark continues where it stopped; ``--resume FOLDER`` (the folder
+the interrupted experiment printed) also keeps the federations it had finished.
 """
 
 from __future__ import annotations
@@ -95,17 +96,18 @@ CLAIMS = [  # (protocol, method, baseline, where the paper claims it)
 
 
 def run_group(dataset: str, regime: str, protocol: Protocol, seeds: list[int],
-              tracking_uri: str | None) -> list[dict[str, Any]]:
-    """One experiment: every method of ``protocol`` x domains x seeds; the long rows (selected
-    round, the method's reported inference mode) with the protocol and regime added, and
-    ``chosen``: whether training-domain validation selected that row's setting."""
+              tracking_uri: str | None, resume: str | None = None) -> list[dict[str, Any]]:
+    """One experiment: every method of ``protocol`` x domains x seeds (or the rest of the
+    interrupted experiment ``resume``); the long rows (selected round, the method's reported
+    inference mode) with the protocol and regime added, and ``chosen``: whether
+    training-domain validation selected that row's setting."""
     cfg = RunConfig(dataset=dataset, seeds=seeds, weights=REGIMES[regime],
                     tracking_uri=tracking_uri, experiment=f"fidelity-{dataset}")
     cfg = dataclasses.replace(cfg, **protocol.settings)
     start = time.perf_counter()
     result = run_experiment(cfg, Search(grid={"method": protocol.methods}),
                             out=lambda line: print(line) if not line.startswith("[")
-                            or "warning" in line else None)
+                            or "warning" in line else None, resume=resume)
     seconds = time.perf_counter() - start
     print(f"{dataset} {regime} {protocol.name}: {len(result.runs)} federations in "
           f"{seconds:.0f} s")
@@ -239,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                    "experiments whose rows it already holds are not run again")
     p.add_argument("--report-only", metavar="JSON",
                    help="make the report from the rows of an earlier --json, run nothing")
+    p.add_argument("--resume", metavar="FOLDER",
+                   help="continue this interrupted experiment as the first one to run")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     if args.report_only and not Path(args.report_only).exists():
@@ -255,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             for protocol in protocols(5 if dataset == "digits-rot" else 10):
                 if protocol.name in args.protocols and (dataset, regime, protocol.name) not in done:
                     rows += run_group(dataset, regime, protocol, args.seeds,
-                                      args.tracking_uri)
+                                      args.tracking_uri, args.resume)
+                    args.resume = None
                     if args.json:
                         Path(args.json).write_text(json.dumps(rows))
     command = "python benchmarks/fidelity.py " + " ".join(argv)

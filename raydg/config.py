@@ -43,7 +43,7 @@ class RunConfig:
     equal_compute: str | None = None  # a method: add rounds to match its setup steps
     # model selection and evaluation (FedFD-A §4.1 "Evaluation Protocols"; FedIG-A A.2)
     val_fraction: float = 0.1
-    val_every: int = 20
+    val_every: int | None = None  # local steps between client-side validations; None: dataset's
     # who validates each round's global model: all clients (the papers' protocol), the round's
     # sampled clients, or K clients drawn per round ("100"), every validate_every rounds and
     # the last: the cross-device settings, where validating N clients a round costs O(N)
@@ -72,6 +72,8 @@ class RunConfig:
     max_failures: int = 2  # restarts of a federation from its checkpoint (lost actor or node)
     max_concurrent: int | None = None  # federations at once; None: as many as the cluster holds
     placement: str = "pack"  # how a federation's actors spread over nodes: pack | spread
+    # run federations one after another on warm trial and client actors (Tune's reuse_actors)
+    reuse_actors: bool = True
     storage: str | None = None  # trials' results: folder or URI; None: $RAYDG_STORAGE or here
     # tracking
     tracking_uri: str | None = None
@@ -193,11 +195,12 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 # config keys that place or track a run without changing its result
 NOT_RESULTS = ("actors", "cpus_per_actor", "gpus_per_actor", "max_concurrent", "placement",
                "address", "storage", "tracking_uri", "experiment", "data_root", "cache",
-               "cache_dir", "checkpoint_every", "max_failures", "skip_bad_images")
+               "cache_dir", "checkpoint_every", "max_failures", "skip_bad_images",
+               "reuse_actors")
 # Keys a search may not vary: they name the experiment's data, targets, seeds, resources or store.
 EXPERIMENT_KEYS = ("dataset", "target", "seeds", "data_root", "image_size", "skip_bad_images",
                    "cache", "cache_dir", "address", "max_concurrent", "placement", "storage",
-                   "tracking_uri", "experiment")
+                   "tracking_uri", "experiment", "reuse_actors")
 DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
 
 

@@ -258,8 +258,9 @@ class Progress:
         steady = float(np.mean(self.steady or [row["round_seconds"]]))
         running = [k for k in self.started if self.done[k] < self.rounds[k]]
         pending = [k for k in self.rounds if k not in self.started]
+        startup = float(np.mean(self.startup)) if self.startup else steady  # none yet: resumed
         work = sum((self.rounds[k] - self.done[k]) * steady for k in running) + sum(
-            float(np.mean(self.startup)) + (self.rounds[k] - 1) * steady for k in pending)
+            startup + (self.rounds[k] - 1) * steady for k in pending)
         eta = work / max(1, len(running))
         val = f"{100 * row['val_acc']:.1f}%" if "val_acc" in row else "-"  # not validated
         local = f" (local {100 * row['val_acc_local']:.1f}%)" if "val_acc_local" in row else ""
@@ -494,7 +495,7 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
         tuner = tune.Tuner(
             trainable, param_space={FEDERATION: tune.grid_search([_spec(f) for f in feds])},
             tune_config=tune.TuneConfig(
-                max_concurrent_trials=cfg.max_concurrent, reuse_actors=True,
+                max_concurrent_trials=cfg.max_concurrent, reuse_actors=cfg.reuse_actors,
                 trial_name_creator=lambda t: t.config[FEDERATION]["key"],
                 trial_dirname_creator=lambda t: f"{t.config[FEDERATION]['key']}-{t.trial_id}"),
             run_config=tune.RunConfig(
@@ -532,9 +533,12 @@ def _root_cause(err: BaseException) -> BaseException:
 
 def _collect_earlier(result: Any, collector: Collector) -> None:
     """A federation that finished in an earlier run of a resumed experiment: its result from
-    its final checkpoint (logged to MLflow if that run ended before it could be)."""
+    its final checkpoint (logged to MLflow if that run ended before it could be). A trial that
+    never reported (stopped before it started) has neither config nor checkpoint."""
+    if result.checkpoint is None:
+        return
     key = result.config[FEDERATION]["key"]
-    if key in collector.results or result.checkpoint is None:
+    if key in collector.results:
         return
     with result.checkpoint.as_directory() as folder:
         if checkpoint.is_checkpoint(Path(folder)):

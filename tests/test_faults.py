@@ -99,9 +99,11 @@ def _left(session: int) -> list[str]:
 def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "RAYDG_STORAGE": str(tmp_path / "results")}
+    # seed 1 waits for seed 0 (one at a time): stopped before it ever starts
     args = ["run", "digits-style", "--target", "sketch", "--method", "fedbn", "--clients", "4",
             "--rounds", "6", "--local-steps", "6", "--batch-size", "16", "--seed", "0",
-            "--set", "val_every=2", "--set", "checkpoint_every=1", "--tracking-uri", uri]
+            "--seed", "1", "--max-concurrent", "1", "--set", "val_every=2",
+            "--set", "checkpoint_every=1", "--tracking-uri", uri]
     proc = _cli(*args, env=env)
     printed = _stop_after_round_2(proc, signal.SIGINT)
     assert proc.returncode == 130, printed[-2000:]
@@ -127,8 +129,9 @@ def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path)
     assert again.returncode == 0, printed[-2000:]
     assert f"resuming the experiment in {directory}" in printed
     runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
-    assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 2  # the same runs
-    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 3  # + seed 1's
+    assert parent.info.run_id in {r.info.run_id for r in runs}  # the same parent run
+    child = next(r for r in runs if r.data.tags.get("raydg.seed") == "0")
     steps = [m.step for m in client.get_metric_history(child.info.run_id, "val_acc")]
     assert sorted(steps) == list(range(1, 7))
     (final,) = [p.parent for p in Path(directory).glob("sketch-s0-*/checkpoint_*/result.json")]

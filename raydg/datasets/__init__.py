@@ -39,6 +39,7 @@ class TrainDefaults:
     model: str
     image_size: int
     pretrained: bool = False  # start the backbone from ImageNet weights (where it has them)
+    val_every: int = 20  # client-side validation: every 20 of 200 local steps (FedFD-A §4.1)
 
 
 @dataclass

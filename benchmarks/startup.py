@@ -1,0 +1,102 @@
+"""Start-up paid once: an experiment's wall time against its federations' steady compute.
+
+The workload is the README's table with three seeds: digits-style, every held-out domain x seeds
+0, 1, 2 (12 federations), FedAvg, the dataset's defaults, raydg's default concurrency (the
+machine's CPUs shared among the federations that run at once). It runs twice in one script run,
+each through :func:`raydg.experiment.run_experiment` with its own fresh local Ray session:
+
+* ``fresh``: ``reuse_actors=False``: every federation starts its own driver and client actors
+  (torch imported, model built, first round in a cold process), as before actor reuse;
+* ``reused``: the default: Tune runs the next federation on the finished one's trial actor,
+  which resets its parked client actors in place.
+
+Printed for each: wall seconds; the ideal, sum over federations of (rounds x steady round time,
+the median of rounds 2..R) divided by the federations that run at once (the CPUs over each
+federation's actors); wall / ideal (goal
+<= 1.15); and round 1's time over the steady round time, the median over the federations, for
+those that started on fresh actors and on reused ones (goal <= 1.5). Both runs must give
+bit-identical weights and accuracies (else MISMATCH, exit 1). The machine may be shared: the
+ratios, from one run, are the figures to quote.
+
+Run:  python benchmarks/startup.py [--seeds 0 1 2] [--method fedavg] [--json startup.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+from raydg.config import RunConfig
+from raydg.experiment import ExperimentResult, run_experiment
+from raydg.results import FederationResult, timing_free
+
+WALL_GOAL, FIRST_ROUND_GOAL = 1.15, 1.5
+
+
+def steady(run: FederationResult) -> float:
+    return statistics.median(r["round_seconds"] for r in run.history[1:])
+
+
+def figures(wall: float, result: ExperimentResult) -> dict[str, Any]:
+    """Wall, ideal, their ratio and round 1 / steady for fresh and reused client actors."""
+    actors = max(sum(row["role"] == "client" for row in r.tables["placement"])
+                 for r in result.runs)
+    at_once = min(len(result.runs), max(1, (os.cpu_count() or 1) // actors))
+    ideal = sum(len(r.history) * steady(r) for r in result.runs) / at_once
+    first: dict[str, list[float]] = {"fresh": [], "reused": []}
+    for r in result.runs:
+        kind = "reused" if r.tables["placement"][-1].get("reused") else "fresh"
+        first[kind].append(r.history[0]["round_seconds"] / steady(r))
+    return {"wall_s": wall, "ideal_s": ideal, "wall_over_ideal": wall / ideal,
+            "at_once": at_once, **{f"first_round_over_steady_{k}": statistics.median(v)
+                                   for k, v in first.items() if v},
+            **{f"federations_{k}": len(v) for k, v in first.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--method", default="fedavg")
+    p.add_argument("--json", help="also write the figures to this file")
+    args = p.parse_args(argv)
+    out: dict[str, dict[str, Any]] = {}
+    results: dict[str, ExperimentResult] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = RunConfig(dataset="digits-style", method=args.method, seeds=args.seeds,
+                         tracking_uri=f"sqlite:///{tmp}/mlflow.db", storage=f"{tmp}/results")
+        for name, reuse in (("fresh", False), ("reused", True)):
+            start = time.perf_counter()
+            results[name] = run_experiment(dataclasses.replace(base, reuse_actors=reuse),
+                                           out=lambda _: None)
+            out[name] = figures(time.perf_counter() - start, results[name])
+            f = out[name]
+            print(f"{name:7} wall {f['wall_s']:6.1f} s  ideal {f['ideal_s']:6.1f} s  "
+                  f"wall/ideal {f['wall_over_ideal']:.2f} (goal <= {WALL_GOAL})  "
+                  f"round 1/steady: " + ", ".join(
+                      f"{k} actors {f[f'first_round_over_steady_{k}']:.2f} "
+                      f"({f[f'federations_{k}']} federations)"
+                      for k in ("fresh", "reused") if f"federations_{k}" in f)
+                  + f" (goal <= {FIRST_ROUND_GOAL})")
+    print(f"wall fresh / reused: {out['fresh']['wall_s'] / out['reused']['wall_s']:.2f}x")
+    bad = [f"{a.target} seed={a.seed}"
+           for a, b in zip(results["fresh"].runs, results["reused"].runs, strict=True)
+           if timing_free(a.history) != timing_free(b.history) or not all(
+               np.array_equal(a.global_state[k], b.global_state[k]) for k in a.global_state)]
+    print(f"MISMATCH: {', '.join(bad)}" if bad else
+          f"results: bit-identical for all {len(results['fresh'].runs)} federations")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
