@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"round 1/steady: " + ", ".join(
                       f"{k} actors {f[f'first_round_over_steady_{k}']:.2f} "
                       f"({f[f'federations_{k}']} federations)"
-                      for k in ("fresh", "reused") if f"federations_{k}" in f)
+                      for k in ("fresh", "reused") if f"first_round_over_steady_{k}" in f)
                   + f" (goal <= {FIRST_ROUND_GOAL})")
     print(f"wall fresh / reused: {out['fresh']['wall_s'] / out['reused']['wall_s']:.2f}x")
     bad = [f"{a.target} seed={a.seed}"
