@@ -65,7 +65,8 @@ class GroupedCommand(click.Command):
 
 
 OPTION_GROUPS = {
-    "Protocol": ("method", "augment", "target", "clients", "dirichlet", "sample", "seeds",
+    "Protocol": ("method", "augment", "target", "clients", "dirichlet", "client_size", "sample",
+                 "seeds",
                  "config_file", "sets", "grid"),
     "Training": ("rounds", "local_steps", "lr", "lr_schedule", "batch_size", "equal_compute",
                  "model", "image_size", "pretrained", "weights", "train_transform",
@@ -93,6 +94,9 @@ RUN_OPTIONS = [
                                              "[default: one per source domain]"),
     click.option("--dirichlet", type=float, help="Dirichlet alpha of each domain's label "
                                                  "split. [default: label-iid]"),
+    click.option("--client-size", type=int, metavar="S",
+                 help="Each client draws S samples of its domain (clients may share samples: "
+                      "a cross-device population). [default: the domain split among clients]"),
     click.option("--sample", type=int, help="Clients per round. [default: all if N <= 10, "
                                             "else 10]"),
     click.option("--rounds", type=int, help="Communication rounds. [default: "

@@ -30,6 +30,9 @@ class RunConfig:
     # clients and sampling
     clients: int | None = None  # None: one client per source domain
     dirichlet: float | None = None  # None: label-iid split of each domain
+    # each client draws this many samples of its domain (a cross-device population, which may
+    # exceed the data); None: the domain's samples are split among its clients
+    client_size: int | None = None
     sample: int | None = None  # clients per round; None: all when N <= 10, else 10
     agg_weights: str = "samples"  # "samples" (n_k, the papers' equations) or "uniform"
     # local training (None: the dataset's defaults)

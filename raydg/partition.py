@@ -2,8 +2,9 @@
 
 By default each source domain is one client. With ``clients=N`` the source domains are split
 evenly into N single-domain clients, label-iid or by a per-domain Dirichlet(alpha) label split
-(FedIG-A appendix A.6: 30 clients, alpha 0.5 and 0.1). The target domain is never given to
-any client.
+(FedIG-A appendix A.6: 30 clients, alpha 0.5 and 0.1). With ``client_size=S`` each client
+instead draws S samples of its domain (:func:`draw_shards`): a cross-device population, which
+may be larger than the data. The target domain is never given to any client.
 """
 
 from __future__ import annotations
@@ -85,6 +86,25 @@ def split_dirichlet(y: np.ndarray, parts: int, alpha: float, rng: np.random.Gene
     )
 
 
+def draw_shards(y: np.ndarray, parts: int, size: int, alpha: float | None,
+                rng: np.random.Generator) -> list[np.ndarray]:
+    """``parts`` clients that each draw ``size`` distinct samples of one domain (labels ``y``),
+    a client's label shares q ~ Dir(alpha * 1) (Hsu et al., 2019), or every sample equally
+    likely without ``alpha``. Clients may hold the same samples: the population can be larger
+    than the data, as cross-device simulations need."""
+    if size > len(y):
+        raise RaydgError(f"--client-size {size} is more than a source domain's {len(y)} samples")
+    _, label, counts = np.unique(y, return_inverse=True, return_counts=True)
+    shards = []
+    for _ in range(parts):
+        p = None
+        if alpha is not None:
+            weight = rng.dirichlet(np.full(len(counts), alpha))[label] / counts[label]
+            p = weight / weight.sum()
+        shards.append(np.sort(rng.choice(len(y), size=size, replace=False, p=p)))
+    return shards
+
+
 def train_val_split(n: int, val_fraction: float, rng: np.random.Generator):
     """Seeded split of ``range(n)``; at least one sample on each side when n >= 2."""
     perm = rng.permutation(n)
@@ -103,8 +123,10 @@ class ClientPlan:
 
 
 def plan_clients(data: MultiDomainDataset, target: str, num_clients: int | None,
-                 dirichlet: float | None, val_fraction: float, seed: int) -> list[ClientPlan]:
-    """Assign the source domains' samples to clients for one held-out ``target`` domain.
+                 dirichlet: float | None, val_fraction: float, seed: int,
+                 client_size: int | None = None) -> list[ClientPlan]:
+    """Assign the source domains' samples to clients for one held-out ``target`` domain (split
+    among them, or drawn ``client_size`` per client).
 
     Cheap (indices only), so an experiment can check every partition before it starts.
     """
@@ -114,7 +136,8 @@ def plan_clients(data: MultiDomainDataset, target: str, num_clients: int | None,
     plans: list[ClientPlan] = []
     for d_index, (domain, m) in enumerate(zip(sources, counts, strict=True)):
         rng = seeding.numpy_rng(seed, seeding.PARTITION, d_index)
-        shards = (split_iid(domain.y, m, rng) if dirichlet is None
+        shards = (draw_shards(domain.y, m, client_size, dirichlet, rng) if client_size
+                  else split_iid(domain.y, m, rng) if dirichlet is None
                   else split_dirichlet(domain.y, m, dirichlet, rng))
         for shard in shards:
             cid = len(plans)
@@ -125,10 +148,12 @@ def plan_clients(data: MultiDomainDataset, target: str, num_clients: int | None,
 
 
 def make_clients(data: MultiDomainDataset, target: str, num_clients: int | None,
-                 dirichlet: float | None, val_fraction: float, seed: int) -> list[ClientData]:
+                 dirichlet: float | None, val_fraction: float, seed: int,
+                 client_size: int | None = None) -> list[ClientData]:
     """Build the source clients' shards for one held-out ``target`` domain."""
     out = []
-    for p in plan_clients(data, target, num_clients, dirichlet, val_fraction, seed):
+    for p in plan_clients(data, target, num_clients, dirichlet, val_fraction, seed,
+                          client_size):
         d = data.domain(p.domain)
         out.append(ClientData(p.client_id, p.domain, d.x[p.train], d.y[p.train], d.x[p.val],
                               d.y[p.val]))

@@ -21,7 +21,7 @@ from raydg.datasets import DATASETS, MultiDomainDataset
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, Method, method_class
 from raydg.models import IMAGENET, has_pretrained
-from raydg.partition import plan_clients
+from raydg.partition import MIN_CLIENT_SAMPLES, plan_clients
 from raydg.transforms import TRANSFORMS
 
 GLYPHS = "glyphs"  # the named pretraining of raydg.pretrain
@@ -95,6 +95,10 @@ def validate(cfg: RunConfig) -> None:
     _check(cfg.dirichlet is None or cfg.dirichlet > 0,
            f"--dirichlet alpha must be positive, got {cfg.dirichlet}")
     _check(cfg.sample is None or cfg.sample > 0, f"sample must be positive, got {cfg.sample}")
+    _check(cfg.client_size is None or cfg.client_size >= MIN_CLIENT_SAMPLES,
+           f"client_size must be at least {MIN_CLIENT_SAMPLES}, got {cfg.client_size}")
+    _check(cfg.client_size is None or cfg.clients is not None,
+           "--client-size needs --clients: the number of clients that draw samples")
     sources = len(spec.domains) - 1
     _check(cfg.clients is None or cfg.clients >= sources,
            f"--clients {cfg.clients} is fewer than the {sources} source domains")
@@ -242,11 +246,11 @@ def check_federations(plan: Plan, data: MultiDomainDataset) -> list[str]:
     """Refuse an impossible partition before Ray starts; warnings about the ones that are
     possible but weak (clients with too few validation images to select anything)."""
     partitions = {(f.target, f.seed, f.config.clients, f.config.dirichlet,
-                   f.config.val_fraction) for f in plan.federations}
+                   f.config.val_fraction, f.config.client_size) for f in plan.federations}
     small = []
-    for target, seed, clients, dirichlet, val_fraction in sorted(partitions, key=str):
+    for target, seed, clients, dirichlet, val_fraction, size in sorted(partitions, key=str):
         sizes = [len(p.val) for p in plan_clients(data, target, clients, dirichlet,
-                                                  val_fraction, seed)]
+                                                  val_fraction, seed, size)]
         small += [n for n in sizes if n < MIN_VALIDATION]
     if not small:
         return []

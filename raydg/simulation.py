@@ -57,7 +57,8 @@ class Simulation:
         self.config = dataclasses.replace(cfg, target=target, seeds=[seed])
         self.label = method_label(cfg, method)
         self.log = log
-        clients = make_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed)
+        clients = make_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed,
+                               cfg.client_size)
         self.client_ids = [c.client_id for c in clients]
         self.num_samples = {c.client_id: c.num_train for c in clients}
         self.domains = {c.client_id: c.domain for c in clients}

@@ -90,6 +90,11 @@ BAD_INPUTS = [
     (["run", "digits-style", "--validate-clients", "some"],
      "validate_clients must be all, sampled or a positive number"),
     (["run", "digits-style", "--validate-every", "0"], "validate_every must be positive"),
+    (["run", "digits-style", "--clients", "30", "--client-size", "5"],
+     "client_size must be at least 10"),
+    (["run", "digits-style", "--client-size", "20"], "--client-size needs --clients"),
+    (["run", "digits-style", "--clients", "30", "--client-size", "5000"],
+     "--client-size 5000 is more than a source domain's"),
 ]
 
 SWEEP_FILES = [

@@ -271,3 +271,14 @@ def test_fewer_validations_select_among_validated_rounds_and_leave_training_alon
     means = {round(float(np.mean(s)), 12)
              for s in itertools.combinations(per_client.values(), 3)}
     assert round(three.history[-1]["val_acc"], 12) in means
+
+
+def test_a_cross_device_population_trains_its_sampled_clients_only():
+    _, run = _run(clients=300, client_size=20, dirichlet=0.1, sample=5, rounds=2,
+                  validate_clients="sampled")
+    assert len(run.tables["clients"]) == 300
+    assert sum(r["clients"] for r in run.tables["placement"] if r["role"] == "client") == 300
+    for rnd in (1, 2):
+        trained = [c["client"] for c in run.tables["client_rounds"] if c["round"] == rnd]
+        assert len(set(trained)) == 5
+    assert all(0 <= r["val_acc"] <= 1 for r in run.history)

@@ -11,6 +11,7 @@ from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.partition import (
     clients_per_domain,
+    draw_shards,
     make_clients,
     split_dirichlet,
     split_iid,
@@ -54,6 +55,35 @@ def test_dirichlet_grows_more_skewed_as_alpha_falls():
                         for s in range(10)]) for a in (100.0, 1.0, 0.1)}
     assert skew[100.0] < skew[1.0] < skew[0.1]
     assert skew[100.0] < 0.1 and skew[0.1] > 0.5
+
+
+@pytest.mark.parametrize("alpha", [None, 0.1])
+def test_drawn_clients_hold_distinct_samples_and_may_outnumber_the_data(alpha):
+    y = _labels(30)  # 300 samples, 1,000 clients of 20
+    shards = draw_shards(y, 1000, 20, alpha, np.random.default_rng(4))
+    assert len(shards) == 1000
+    for s in shards:
+        assert len(np.unique(s)) == 20 and s.min() >= 0 and s.max() < len(y)
+    again = draw_shards(y, 1000, 20, alpha, np.random.default_rng(4))
+    assert all(np.array_equal(a, b) for a, b in zip(shards, again, strict=True))
+    counts = np.bincount(np.concatenate(shards), minlength=len(y))
+    if alpha is None:  # every sample equally likely: 1000 * 20 / 300 draws each, binomial
+        expected = 1000 * 20 / len(y)
+        assert 0.5 * expected < counts.min() and counts.max() < 1.5 * expected
+        assert _skew(y, shards) < 0.35
+    else:
+        assert _skew(y, shards) > 0.5  # Dir(0.1) label shares: a few classes per client
+    with pytest.raises(RaydgError, match="more than a source domain's 300 samples"):
+        draw_shards(y, 2, 301, alpha, np.random.default_rng(0))
+
+
+def test_ten_thousand_drawn_clients_keep_to_their_source_domains():
+    data = load_dataset("digits-style", None, None)
+    clients = make_clients(data, "sketch", 10_000, 0.1, 0.1, seed=0, client_size=20)
+    assert len(clients) == 10_000 and [c.client_id for c in clients] == list(range(10_000))
+    assert {c.domain for c in clients} == {"plain", "colour-inverted", "texture"}
+    assert all(len(c.train_y) + len(c.val_y) == 20 for c in clients)
+    assert sum(c.domain == "plain" for c in clients) == 3334  # clients_per_domain(10000, 3)
 
 
 def test_iid_split_is_stratified_and_balanced():
