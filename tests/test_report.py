@@ -282,11 +282,26 @@ def test_the_mlflow_ui_shows_a_model_training_experiment_with_its_summary(store)
 
 
 def test_logged_models_reload(store):
+    """The logged weights are the evaluated models: on the target domain they score the run's
+    logged last-round and selected-round accuracies."""
+    from raydg.client import Evaluator
+    from raydg.datasets import load_dataset
+    from raydg.methods import method_class
+    from raydg.models import ModelSpec
+    from raydg.plan import resolve
     from raydg.results import load_state
 
-    run = _children(store, "0.05")[0]
+    run = next(r for r in _children(store, "0.05") if r.data.tags["raydg.method"] == "fedavg")
     local = Path(download_artifacts(run_id=run.info.run_id, artifact_path="model",
                                     tracking_uri=store))
-    final, selected = load_state(local / "final.npz"), load_state(local / "selected.npz")
-    assert final.keys() == selected.keys() and final
-    assert all(isinstance(v, np.ndarray) for v in final.values())
+    target = run.data.tags["raydg.target"]
+    cfg = resolve(RunConfig(dataset="digits-rot", method="fedavg", target=target))
+    data = load_dataset("digits-rot", None, cfg.image_size)
+    spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
+    test = data.domain(target)
+    evaluator = Evaluator(method_class("fedavg")(), cfg, spec, data.mean, data.std, test.x, test.y)
+    metrics = run.data.metrics
+    for name, selection in (("final", "last"), ("selected", "selected")):
+        accuracy, _ = evaluator.evaluate(load_state(local / f"{name}.npz"))
+        assert accuracy["global"] == pytest.approx(
+            metrics[f"final/target_acc_{selection}/global"], abs=1e-12)
