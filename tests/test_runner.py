@@ -31,6 +31,8 @@ def ray_session():
 
 TINY = {"dataset": "digits-style", "target": "sketch", "rounds": 2, "local_steps": 4,
         "batch_size": 16, "val_every": 2, "seeds": [0, 1]}
+
+
 def _assert_same(a, b):
     assert (a.target, a.seed) == (b.target, b.seed)
     assert a.global_state.keys() == b.global_state.keys()
