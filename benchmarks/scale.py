@@ -10,8 +10,9 @@ Printed per N:
 * set-up seconds (partition, actors, the shards into the object store, until round 1);
 * the steady round time (median of rounds 2..R) and its ratio to the smallest N's: flat in N
   when nothing in a round grows with the population;
-* memory at the last round: the driver's RSS, the client actors' RSS and the object store's
-  bytes in use;
+* memory at the last round: the driver's and the client actors' unique memory (USS: pages of
+  their own, so the object store's shared pages they map are not counted twice) and the object
+  store's bytes in use;
 * memory per idle client: the growth of their sum from the previous N, divided by the clients
   added.
 
@@ -50,8 +51,8 @@ def run(n: int, rounds: int, data) -> dict[str, Any]:
         pids = [r["pid"] for r in sim.tables["placement"] if r["role"] == "client"]
         total = ray.cluster_resources()["object_store_memory"]
         memory.update(
-            driver_mb=psutil.Process().memory_info().rss / 1e6,
-            actors_mb=sum(psutil.Process(p).memory_info().rss for p in pids) / 1e6,
+            driver_mb=psutil.Process().memory_full_info().uss / 1e6,
+            actors_mb=sum(psutil.Process(p).memory_full_info().uss for p in pids) / 1e6,
             object_store_mb=(total - ray.available_resources()["object_store_memory"]) / 1e6)
 
     result = sim.run(on_round)
