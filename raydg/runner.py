@@ -334,15 +334,20 @@ class Collector(tune.Callback):
                           "checkpoint", important=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        fed = self._fed(trial)
-        if fed.key in self.results or trial.checkpoint is None:
+        self.collect(self._fed(trial).key, trial.checkpoint)
+
+    def collect(self, key: str, last: tune.Checkpoint | None) -> None:
+        """The federation's result from its final checkpoint, logged to MLflow unless its
+        child run already holds it (finished in an earlier run of a resumed experiment)."""
+        if key in self.results or last is None:
             return
-        with trial.checkpoint.as_directory() as folder:
+        with last.as_directory() as folder:
             if checkpoint.is_checkpoint(Path(folder)):
                 return  # stopped (Ctrl-C, another federation failed) before it finished
             result = FederationResult.load(Path(folder))
-        self.tracker.log_result(fed.key, result)
-        self.results[fed.key] = result
+        if not self.tracker.finished(key):
+            self.tracker.log_result(key, result)
+        self.results[key] = result
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         self.tracker.end_child(self._fed(trial).key, "FAILED")
@@ -512,7 +517,8 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
             if isinstance(cause, RaydgError):
                 raise RaydgError(str(cause))
             raise RuntimeError(f"a federation failed: {result.error}") from result.error
-        _collect_earlier(result, collector)
+        if result.checkpoint is not None:  # a trial stopped before it reported has no config
+            collector.collect(result.config[FEDERATION]["key"], result.checkpoint)
     missing = [f.key for f in feds if f.key not in collector.results]
     if missing:  # no error, yet unfinished: Tune's SIGINT handler stopped the trials
         raise Interrupted(f"stopped before {', '.join(missing)} finished", directory)
@@ -530,20 +536,3 @@ def _root_cause(err: BaseException) -> BaseException:
         err = inner
     return err
 
-
-def _collect_earlier(result: Any, collector: Collector) -> None:
-    """A federation that finished in an earlier run of a resumed experiment: its result from
-    its final checkpoint (logged to MLflow if that run ended before it could be). A trial that
-    never reported (stopped before it started) has neither config nor checkpoint."""
-    if result.checkpoint is None:
-        return
-    key = result.config[FEDERATION]["key"]
-    if key in collector.results:
-        return
-    with result.checkpoint.as_directory() as folder:
-        if checkpoint.is_checkpoint(Path(folder)):
-            return  # unfinished
-        loaded = FederationResult.load(Path(folder))
-    if not collector.tracker.finished(key):
-        collector.tracker.log_result(key, loaded)
-    collector.results[key] = loaded

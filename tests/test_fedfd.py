@@ -178,12 +178,17 @@ def _host(method_name, **options):
     return ClientHost(method, cfg, spec, data.mean, data.std, clients), method, spec
 
 
-def test_alternating_steps_leave_the_frozen_half_unchanged():
-    host, method, spec = _host("fedfd-a")
+def _first_round(method_name):
+    """Client 0's context in round 1, its round started, under a seeded initial model."""
+    host, method, spec = _host(method_name)
     torch.manual_seed(0)
-    global_state = state.to_numpy(method.build_model(spec))
-    ctx = host._context(0, 1, global_state)
+    ctx = host._context(0, 1, state.to_numpy(method.build_model(spec)))
     method.start_round(ctx)
+    return host, method, ctx
+
+
+def test_alternating_steps_leave_the_frozen_half_unchanged():
+    _, method, ctx = _first_round("fedfd-a")
     main, adapters = method.split_params(ctx.model)
     assert adapters and len(main) + len(adapters) == len(list(ctx.model.parameters()))
     x, y = next(ctx.batches())
@@ -333,11 +338,8 @@ def test_warmup_rounds_train_the_base_framework_alone():
 
 
 def test_client_validation_normalises_with_the_rounds_global_statistics():
-    host, method, spec = _host("fedfd-a")
-    torch.manual_seed(0)
-    global_state = state.to_numpy(method.build_model(spec))
-    ctx = host._context(0, 1, global_state)
-    method.start_round(ctx)
+    host, method, ctx = _first_round("fedfd-a")
+    global_state = ctx.global_state
     batches = ctx.batches()
     for _ in range(3):  # batch-mode training moves the model's own running statistics
         method.train_step(ctx, *next(batches))
