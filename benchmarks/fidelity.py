@@ -14,6 +14,12 @@ lr 0.05, batch 32, the small CNN) and FedAvg run under the same protocol:
   CCST >= FedAvg, CCST on top of FedBN (CCST Fig. 4b), gPerXAN >= FedBN. The learning rate
   is constant for all (gPerXAN's paper gives no schedule; its code's cosine one is
   ``lr_schedule: cosine``, not used here so that every method shares one setting).
+* ``feddg`` protocol (the FedDG baselines the seeds compare against; last upload, as FedDG-GA's
+  and FedSR's code): fedavg, fedprox (mu 0.1, FedDG-GA's code), FedDG-GA's weights on both
+  (``--aggregation ga``), fedsr, fedgma, amplitude mixing (ampmix), and the bounds deepall
+  (centralized) and local (each client alone, evaluated as an ensemble); claims GA >= its base
+  (FedDG-GA Table 1), FedSR, FedGMA and amplitude mixing >= FedAvg (their papers), and
+  deepall >= FedAvg >= local (what a bound means).
 
 A method's own hyper-parameters are a small grid where the regime changes what they mean
 (FedFD's CAFL reduction and warm-up, FedProx's mu, CSAC's frozen local projections); the
@@ -68,7 +74,7 @@ class Protocol:
 
 
 def protocols(calibration_epochs: int) -> list[Protocol]:
-    """The three protocols; CSAC's acquisition follows the dataset (5 calibration epochs for
+    """The protocols; CSAC's acquisition follows the dataset (5 calibration epochs for
     Rotated MNIST, 10 otherwise: CSAC §4.1)."""
     csac = {"method_options": {"csac": {"calibration_epochs": calibration_epochs}}}
     return [
@@ -81,6 +87,12 @@ def protocols(calibration_epochs: int) -> list[Protocol]:
             *({"method": "csac", "options.freeze_local_projection": f} for f in (False, True)),
             {"method": "ccst"}, {"method": "fedbn"}, {"method": "fedbn", "augment": "ccst"},
             {"method": "gperxan"}]),
+        Protocol("feddg", {"client_selection": False}, [
+            {"method": "fedavg"}, {"method": "fedprox", "options.mu": 0.1},
+            {"method": "fedavg", "aggregation": "ga"},
+            {"method": "fedprox", "options.mu": 0.1, "aggregation": "ga"},
+            {"method": "fedsr"}, {"method": "fedgma"}, {"method": "ampmix"},
+            {"method": "deepall"}, {"method": "local"}]),
     ]
 
 
@@ -92,6 +104,13 @@ CLAIMS = [  # (protocol, method, baseline, where the paper claims it)
     ("last-upload", "ccst-pixel", "fedavg", "CCST Tables 1-3"),
     ("last-upload", "fedbn+ccst-pixel", "fedbn", "CCST Fig. 4(b)"),
     ("last-upload", "gperxan", "fedbn", "gPerXAN Tables 1-3"),
+    ("feddg", "fedavg+ga", "fedavg", "FedDG-GA Table 1"),
+    ("feddg", "fedprox+ga", "fedprox", "FedDG-GA Table 1"),
+    ("feddg", "fedsr", "fedavg", "FedSR Tables 1-2"),
+    ("feddg", "fedgma", "fedavg", "FedGMA"),
+    ("feddg", "ampmix", "fedavg", "FedDG (ELCFS); FedDG-GA Table 1"),
+    ("feddg", "deepall", "fedavg", "the centralized bound"),
+    ("feddg", "fedavg", "local", "the local-only bound"),
 ]
 
 
@@ -234,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--datasets", nargs="+", default=["digits-style", "digits-rot"])
     p.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
-    p.add_argument("--protocols", nargs="+", default=["fedfd-a", "last-upload"])
+    p.add_argument("--protocols", nargs="+", default=["fedfd-a", "last-upload", "feddg"])
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--out", default="docs/fidelity.md")
     p.add_argument("--json", default=None, help="write the rows here after every experiment; "

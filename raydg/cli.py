@@ -65,9 +65,8 @@ class GroupedCommand(click.Command):
 
 
 OPTION_GROUPS = {
-    "Protocol": ("method", "augment", "target", "clients", "dirichlet", "client_size", "sample",
-                 "seeds",
-                 "config_file", "sets", "grid"),
+    "Protocol": ("method", "augment", "aggregation", "target", "clients", "dirichlet",
+                 "client_size", "sample", "seeds", "config_file", "sets", "grid"),
     "Training": ("rounds", "local_steps", "lr", "lr_schedule", "batch_size", "equal_compute",
                  "model", "image_size", "pretrained", "weights", "train_transform",
                  "eval_local", "validate_clients", "validate_every"),
@@ -88,6 +87,8 @@ def cli() -> None:
 RUN_OPTIONS = [
     click.option("--method", "-m", help="Method (raydg list methods). [default: fedavg]"),
     click.option("--augment", help="Add an augmentation method to the method, e.g. ccst."),
+    click.option("--aggregation", help="Replace the method's aggregation weights by an "
+                                       "aggregation rule, e.g. ga (FedDG-GA)."),
     click.option("--target", help="Held-out domain, or all: one federation per domain. "
                                   "[default: all]"),
     click.option("--clients", type=int, help="Split the source domains into N clients. "
@@ -377,7 +378,9 @@ def list_cmd(what: str) -> None:
             aliases = METHODS.aliases(name)
             also = f" (also {', '.join(aliases)})" if aliases else ""
             opts = ", ".join(f"options.{k}={v!r}" for k, v in vars(cls.Options()).items())
-            click.echo(f"{name}{also}: {cls.paper}" + (f"; {opts}" if opts else ""))
+            role = (" [composes: --augment]" if cls.augmentation else
+                    " [composes: --aggregation]" if cls.aggregation else "")
+            click.echo(f"{name}{also}{role}: {cls.paper}" + (f"; {opts}" if opts else ""))
     elif what == "datasets":
         from raydg.datasets import DATASETS
 

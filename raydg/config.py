@@ -25,6 +25,7 @@ class RunConfig:
     dataset: str = "digits-style"
     method: str = "fedavg"
     augment: str | None = None  # an augmentation method composed with ``method`` (e.g. ccst)
+    aggregation: str | None = None  # an aggregation rule composed with ``method`` (e.g. ga)
     target: str = "all"  # a domain name or "all" (one sub-run per held-out domain)
     seeds: list[int] = field(default_factory=lambda: [0])
     # clients and sampling

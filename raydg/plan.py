@@ -33,15 +33,14 @@ PLACEMENTS = ("pack", "spread")
 
 
 def _method_options(cfg: RunConfig) -> dict[str, Any]:
-    """The run's options: ``method_options`` of its method (and augmentation), then
+    """The run's options: ``method_options`` of its method (and composed ones), then
     ``options``; every entry of ``method_options`` is checked against its own method."""
     for name, values in cfg.method_options.items():
         _check(isinstance(values, dict), f"method_options.{name} must map option names to "
                                          f"values, got {values!r}")
         METHODS.get(name).parse_options(values)
     by_name = {METHODS.get(k).name: v for k, v in cfg.method_options.items()}
-    names = [METHODS.get(cfg.method).name, *([METHODS.get(cfg.augment).name]
-                                             if cfg.augment else [])]
+    names = [METHODS.get(n).name for n in (cfg.method, cfg.augment, cfg.aggregation) if n]
     return {**{k: v for n in names for k, v in by_name.get(n, {}).items()}, **cfg.options}
 
 
@@ -50,17 +49,18 @@ def resolve(cfg: RunConfig) -> RunConfig:
     (``client_selection``), merge ``method_options`` into ``options``, validate everything."""
     spec = DATASETS.get(cfg.dataset)
     options = _method_options(cfg)
-    cls = method_class(cfg.method, cfg.augment)
+    cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
     cls.parse_options(options)
     defaults = dataclasses.asdict(spec.defaults)
     filled = {k: v for k, v in defaults.items() if getattr(cfg, k) is None}
-    augment = METHODS.get(cfg.augment).name if cfg.augment else None
+    augment, aggregation = (METHODS.get(n).name if n else None
+                            for n in (cfg.augment, cfg.aggregation))
     _check(cfg.weights is None or cfg.pretrained is not False,
            "--weights and --no-pretrained contradict each other")
     selection = cls.client_selection if cfg.client_selection is None else cfg.client_selection
     cfg = dataclasses.replace(cfg, dataset=spec.name, method=METHODS.get(cfg.method).name,
-                              augment=augment, options=options, client_selection=selection,
-                              **filled)
+                              augment=augment, aggregation=aggregation, options=options,
+                              client_selection=selection, **filled)
     if cfg.weights is not None:
         cfg = dataclasses.replace(cfg, pretrained=True)
     elif not has_pretrained(cfg.model):
@@ -141,7 +141,7 @@ def method_label(cfg: RunConfig, method: Method | None = None) -> str:
     """The method as tables and MLflow report it: ``fedbn+ccst-pixel``, or
     ``fedavg (steps of csac)`` with ``equal_compute``; ``method`` for an unregistered one."""
     if method is None:
-        cls = method_class(cfg.method, cfg.augment)
+        cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
         label = cls.label(cls.parse_options(cfg.options))
     else:
         label = method.label(method.options)

@@ -33,7 +33,7 @@ from raydg.results import (
 )
 
 # params a table's rows may differ in: they name the row, not the table
-ROW_KEYS = ("method", "augment", "equal_compute", "target", "seeds", "seed")
+ROW_KEYS = ("method", "augment", "aggregation", "equal_compute", "target", "seeds", "seed")
 FORMATS = ("console", "markdown", "latex", "csv", "json")
 
 

@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 from raydg.config import setting_label
 
 State = dict[str, np.ndarray]
-METHOD_KEYS = ("method", "augment", "equal_compute")  # in the method's label, not the setting
+# in the method's label, not the setting
+METHOD_KEYS = ("method", "augment", "aggregation", "equal_compute")
 
 
 @dataclass

@@ -39,6 +39,8 @@ from raydg.pretrain import initial_weights
 from raydg.results import FederationResult
 
 CLIENT_ONLY = ("seconds", "local_val_acc", "steps")  # per-client metrics, not round means
+# a round's evaluation under way: target future, validation refs, validators, their weights
+Evaluation = tuple[Future, list[Any], list[int], list[float] | None]
 COLLAPSE_ROUNDS = 3
 
 
@@ -57,16 +59,17 @@ class Simulation:
         self.config = dataclasses.replace(cfg, target=target, seeds=[seed])
         self.label = method_label(cfg, method)
         self.log = log
-        clients = make_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed,
-                               cfg.client_size)
+        if method is None:
+            method_cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
+            method = method_cls(method_cls.parse_options(cfg.options))
+        self.method = method
+        clients = method.arrange_clients(make_clients(
+            data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed, cfg.client_size),
+            self.config)
         self.client_ids = [c.client_id for c in clients]
         self.num_samples = {c.client_id: c.num_train for c in clients}
         self.domains = {c.client_id: c.domain for c in clients}
         self.spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
-        if method is None:
-            method_cls = method_class(cfg.method, cfg.augment)
-            method = method_cls(method_cls.parse_options(cfg.options))
-        self.method = method
         torch.manual_seed(seeding.derive_seed(seed, seeding.MODEL_INIT))
         if weights is None and init_weights(cfg) is not None:
             weights = initial_weights(cfg, data.channels, data.mean, data.std,
@@ -193,17 +196,19 @@ class Simulation:
             self.client_ids, size=k, replace=False)
         return sorted(int(c) for c in drawn)
 
-    def _start_evaluation(self, global_ref: Any, validators: list[int]
-                          ) -> tuple[Future, list[Any], list[int]]:
+    def _start_evaluation(self, global_ref: Any, validators: list[int]) -> Evaluation:
         """Start target evaluation (a driver thread) and the validators' source validation of
-        the current global model; return the futures and the validators."""
+        the current global model; return the futures, the validators and their weights in
+        ``val_acc`` (the method's, or None: the mean)."""
         return (self._evaluation.submit(self.evaluator.evaluate, self.global_state),
-                self.pool.validate(global_ref, self.config.eval_local, validators), validators)
+                self.pool.validate(global_ref, self.config.eval_local, validators), validators,
+                self.method.validation_weights(validators) if validators else None)
 
-    def _finish_evaluation(self, futures: tuple[Any, list[Any], list[int]]) -> dict[str, float]:
-        """Mean source-validation accuracy over the validators (none: no ``val_acc``, the
-        round cannot be selected), and target accuracy per mode."""
-        target, validation, validators = futures
+    def _finish_evaluation(self, futures: Evaluation) -> dict[str, float]:
+        """Source-validation accuracy over the validators, their mean or the method's weighted
+        mean (none: no ``val_acc``, the round cannot be selected), and target accuracy per
+        mode."""
+        target, validation, validators, weights = futures
         metrics: dict[str, float] = {}
         accuracies, metrics["time/evaluate"] = target.result()
         for mode, acc in accuracies.items():
@@ -218,7 +223,8 @@ class Simulation:
                                f"{validators} once")
         merged = {c: v for part in parts for c, v in part.items()}
         per_client = [merged[c] for c in validators]  # client-id order: layout-independent
-        metrics["val_acc"] = float(np.mean([v["val_acc"] for v in per_client]))
+        metrics["val_acc"] = float(np.average([v["val_acc"] for v in per_client],
+                                              weights=weights))
         if self.config.eval_local:
             metrics["val_acc_local"] = float(np.mean(
                 [v["val_acc_local"] for v in per_client if "val_acc_local" in v]))

@@ -29,6 +29,30 @@ def ray_session():
     ray.shutdown()
 
 
+def stopped_and_restored(cfg: RunConfig, data, after_round: int, folder):
+    """The federation run whole, and run again but stopped after ``after_round``'s evaluation
+    with a checkpoint in ``folder`` and restored from it: (whole, restored, the checkpoint)."""
+    from raydg import checkpoint
+    from raydg.simulation import Simulation
+
+    whole = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None).run()
+    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+
+    class Stop(Exception):
+        pass
+
+    def stop(row):
+        if row["round"] == after_round:
+            checkpoint.write(folder, sim.snapshot(), dataclasses.asdict(cfg))
+            raise Stop  # the federation is lost here, after the next round's aggregation
+
+    with pytest.raises(Stop):
+        sim.run(stop)
+    again = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None,
+                       restore=checkpoint.read(folder, dataclasses.asdict(cfg))).run()
+    return whole, again, checkpoint.read(folder, dataclasses.asdict(cfg))
+
+
 def tiny_config(**overrides) -> RunConfig:
     """A resolved digits-style config small enough for a test to run in seconds."""
     base = RunConfig(dataset="digits-style", method="fedavg", target="sketch", rounds=2,

@@ -3,7 +3,6 @@ federation restored from a snapshot that ends exactly where an undisturbed one d
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -17,7 +16,7 @@ from raydg.errors import RaydgError
 from raydg.partition import ClientData
 from raydg.results import timing_free
 from raydg.simulation import Simulation
-from tests.conftest import tiny_config
+from tests.conftest import stopped_and_restored, tiny_config
 
 CONFIG = {"dataset": "digits-style", "rounds": 3, "actors": 2, "storage": "/a"}
 
@@ -79,23 +78,8 @@ def test_a_restored_federation_ends_as_the_undisturbed_one(method, options, extr
     FedBN, the round redone after the restore is validated by that round's sampled clients)."""
     cfg = tiny_config(method=method, clients=4, sample=3, rounds=4, options=options, **extra)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    whole = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None).run()
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
-
-    class Stop(Exception):
-        pass
-
-    def stop_after_round_2(row):
-        if row["round"] == 2:
-            checkpoint.write(tmp_path / "c", sim.snapshot(), dataclasses.asdict(cfg))
-            raise Stop  # the federation is lost here, after round 3's aggregation
-
-    with pytest.raises(Stop):
-        sim.run(stop_after_round_2)
-    restore = checkpoint.read(tmp_path / "c", dataclasses.asdict(cfg))
+    whole, again, restore = stopped_and_restored(cfg, data, 2, tmp_path / "c")
     assert restore["round"] == 3 and [r["round"] for r in restore["history"]] == [1, 2]
-    again = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None,
-                       restore=restore).run()
     for k in whole.global_state:
         np.testing.assert_array_equal(whole.global_state[k], again.global_state[k], err_msg=k)
     assert timing_free(whole.history) == timing_free(again.history)
@@ -113,7 +97,12 @@ def test_a_federation_that_fails_to_start_leaves_no_actor_behind():
                    restore={"round": 1, "global_state": {}, "history": [], "pending": {},
                             "ledger": [], "tables": {}, "has_local": [], "steps": 0,
                             "sampler": np.random.default_rng(0).bit_generator.state})
-    hosts = [p for p in psutil.Process().children(recursive=True)
-             if " ".join(p.cmdline()).startswith("ray::ClientHost")]
+    def client_host(p: psutil.Process) -> bool:
+        try:
+            return " ".join(p.cmdline()).startswith("ray::ClientHost")
+        except psutil.Error:  # exited (a zombie, or gone) while being listed
+            return False
+
+    hosts = [p for p in psutil.Process().children(recursive=True) if client_host(p)]
     _, alive = psutil.wait_procs(hosts, timeout=30)
     assert alive == []

@@ -30,6 +30,7 @@ PAPERS = {
     "gperxan": ("gPerXAN", {"gperxan"}),
     "csac": ("CSAC", {"csac"}),
     "ccst": ("CCST", {"ccst"}),
+    "ga": ("FedDG-GA", {"ga"}),  # an aggregation rule: --aggregation ga
 }
 TABLE = re.compile(r"\b(Table \d+|Fig\. \d+)")
 HEADER_LINES = 6
@@ -43,6 +44,7 @@ PINNED = {
     "gperxan": {"lambda_reg": 0.5, "norm": "xan"},
     "csac": {"lambda_cal": 0.6, "label_smoothing": 0.1, "distance": "l2"},
     "ccst": {"k": 3, "style": "overall"},
+    "ga": {"step_size": 0.2, "metric": "loss", "centre": True},
 }
 
 
@@ -95,12 +97,12 @@ def test_paper_config_matches_its_name_and_paper(path: Path):
     raw = load_yaml(path)
     assert "method" in raw and "dataset" in raw, f"{path.name} must set dataset and method"
     cfg = loaded(path)
-    assert cfg.method in methods or cfg.augment in methods, (
+    assert methods & {cfg.method, cfg.augment, cfg.aggregation}, (
         f"{path.name} runs {cfg.label}, not {paper}'s method ({', '.join(sorted(methods))})")
     if rest in DATASETS.names():
         assert cfg.dataset == rest, f"{path.name} runs dataset {cfg.dataset}, not {rest}"
-    options = dataclasses.asdict(method_class(cfg.method, cfg.augment).parse_options(
-        cfg.options))
+    options = dataclasses.asdict(method_class(cfg.method, cfg.augment, cfg.aggregation)
+                                 .parse_options(cfg.options))
     for name, value in PINNED[key].items():
         assert options[name] == value, f"{path.name}: options.{name}"
 

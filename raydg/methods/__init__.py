@@ -25,32 +25,42 @@ def register(*aliases: str):
     return add
 
 
-def method_class(name: str, augment: str | None = None) -> type[Method]:
-    """The registered method ``name``, with the augmentation method ``augment`` composed in.
+def method_class(name: str, augment: str | None = None,
+                 aggregation: str | None = None) -> type[Method]:
+    """The registered method ``name``, with the augmentation ``augment`` and the aggregation
+    rule ``aggregation`` composed in.
 
-    An augmentation (a method with ``augmentation = True``, e.g. CCST) is written to call
-    ``super()`` in every hook it overrides, so ``class Composed(Augment, Base)`` runs its phases
-    around the base method's; the two methods' options merge into one dataclass.
+    An augmentation (``augmentation = True``, e.g. CCST) or aggregation rule (``aggregation =
+    True``, e.g. FedDG-GA) calls ``super()`` in every hook it overrides, so ``class
+    Composed(Rule, Augment, Base)`` runs its phases around the base method's; the methods'
+    options merge into one dataclass.
     """
-    base = METHODS.get(name)
-    if augment is None:
-        return base
-    aug = METHODS.get(augment)
-    if not aug.augmentation:
-        names = ", ".join(n for n, c in METHODS if c.augmentation)
-        raise RaydgError(f"{aug.name} is not an augmentation; augmentations: {names}")
-    if base.augmentation:
-        raise RaydgError(f"--augment {aug.name} needs a training method, not {base.name}")
+    cls = METHODS.get(name)
+    if augment is not None:
+        cls = _compose(cls, METHODS.get(augment), "augmentation", "--augment")
+    if aggregation is not None:
+        cls = _compose(cls, METHODS.get(aggregation), "aggregation", "--aggregation")
+    return cls
+
+
+def _compose(base: type[Method], extra: type[Method], role: str, flag: str) -> type[Method]:
+    """``class Composed(extra, base)``, named ``base+extra``; ``role`` is the class flag that
+    ``extra`` must have and ``base`` must not."""
+    if not getattr(extra, role):
+        names = ", ".join(n for n, c in METHODS if getattr(c, role))
+        raise RaydgError(f"{extra.name} is not an {role} method; {flag} takes: {names}")
+    if getattr(base, role):
+        raise RaydgError(f"{flag} {extra.name} needs a training method, not {base.name}")
     clash = {f.name for f in dataclasses.fields(base.Options)} & {
-        f.name for f in dataclasses.fields(aug.Options)}
+        f.name for f in dataclasses.fields(extra.Options)}
     if clash:
-        raise RaydgError(f"{base.name} and {aug.name} both have options {sorted(clash)}")
-    label = f"{base.name}+{aug.name}"
-    options = dataclasses.make_dataclass(f"{base.__name__}{aug.__name__}Options", [],
-                                         bases=(aug.Options, base.Options))
-    return type(f"{base.__name__}{aug.__name__}", (aug, base),
-                {"name": label, "Options": options, "__module__": __name__,
-                 "label": classmethod(lambda _, o: f"{base.label(o)}+{aug.label(o)}")})
+        raise RaydgError(f"{base.name} and {extra.name} both have options {sorted(clash)}")
+    options = dataclasses.make_dataclass(f"{base.__name__}{extra.__name__}Options", [],
+                                         bases=(extra.Options, base.Options))
+    return type(f"{base.__name__}{extra.__name__}", (extra, base),
+                {"name": f"{base.name}+{extra.name}", "Options": options,
+                 "__module__": __name__,
+                 "label": classmethod(lambda _, o: f"{base.label(o)}+{extra.label(o)}")})
 
 
 for _module in pkgutil.iter_modules(__path__):

@@ -5,6 +5,7 @@ The base class *is* FedAvg; a method overrides only what its paper changes:
 =====================  ==========================================  =========================
 what                   hook                                        used by
 =====================  ==========================================  =========================
+clients                ``arrange_clients``                         DeepAll, local bound
 model construction     ``build_model``                             XAN, mixed-statistics BN
 local vs shared state  ``local_keys``                              FedBN, SiloBN, gPerXAN
 ledger kinds           ``upload_kind``                             non-parameter uploads
@@ -12,9 +13,15 @@ local training         ``start_round``, ``train_step``, ``loss``,  FedProx, FedF
                        ``end_round``
 client phases          ``client_phase`` (called via ``Server``)    CSAC, CCST
 server phases          ``setup``, ``aggregate``, ``on_round_end``  CSAC, CCST, gPerXAN
+aggregation weights    ``aggregation_weights``                     FedDG-GA
+model selection        ``validation_weights``                      FedDG-GA
 inference              ``eval_modes``, ``predict``                 FedFD-A's statistics
 analysis and plots     ``analyze``, ``plots``                      FedFD-A, gPerXAN
 =====================  ==========================================  =========================
+
+Two kinds of method compose with any other (``raydg.methods.method_class``): an
+*augmentation* (``--augment``, e.g. CCST) and an *aggregation rule* (``--aggregation``, e.g.
+FedDG-GA). Each calls ``super()`` in every hook it overrides, so it runs around the method's own.
 
 Client-side hooks run inside the client's Ray actor and receive a :class:`ClientContext`;
 server-side hooks run on the driver and receive a :class:`Server`. One method object serves every
@@ -152,6 +159,7 @@ class Method:
     Options: ClassVar[type] = NoOptions
     paper: ClassVar[str] = "McMahan et al., AISTATS 2017; FedFD-A §3.1"
     augmentation: ClassVar[bool] = False  # composable with any method (``--augment``)
+    aggregation: ClassVar[bool] = False  # composable with any method (``--aggregation``)
     # the paper's default for ``client_selection`` (FedFD-A §4.1's best-validation upload)
     client_selection: ClassVar[bool] = False
     # what to try when the training loss stays at chance level, in the method's terms
@@ -194,6 +202,12 @@ class Method:
         """Local steps per client that ``setup`` runs before round 1 (CSAC's acquisition);
         what ``equal_compute`` gives a baseline on top of its rounds."""
         return 0
+
+    # ------------------------------------------------------------------ clients
+    def arrange_clients(self, clients: list[ClientData], cfg: RunConfig) -> list[ClientData]:
+        """The federation's clients, from the partition's source-domain shards (on the driver,
+        before the model is built and any actor starts); e.g. DeepAll pools them into one."""
+        return clients
 
     # ------------------------------------------------------------------ model
     def build_model(self, spec: ModelSpec) -> nn.Module:
@@ -257,7 +271,19 @@ class Method:
         evaluated (its BN statistics are the clients' n_k-weighted average); clients reload only
         the keys that are not local.
         """
-        return st.weighted_average([u.state for u in uploads], aggregation_weights(server, uploads))
+        return st.weighted_average([u.state for u in uploads],
+                                   self.aggregation_weights(server, uploads))
+
+    def aggregation_weights(self, server: Server, uploads: list[Upload]) -> list[float]:
+        """Each upload's weight in ``aggregate``: n_k (the papers' equations) or uniform
+        (CCST's code), per ``agg_weights``."""
+        uniform = server.config.agg_weights == "uniform"
+        return [1.0 if uniform else float(u.num_samples) for u in uploads]
+
+    def validation_weights(self, clients: list[int]) -> list[float] | None:
+        """Weights of the clients' source-validation accuracies in a round's ``val_acc`` (the
+        model-selection score), asked when the round's evaluation starts; None: the mean."""
+        return None
 
     def on_round_end(self, server: Server) -> dict[str, float]:
         """Extra per-round metrics to log."""
@@ -270,9 +296,3 @@ class Method:
 
     def load_server_state(self, state: dict[str, Any]) -> None:
         """Continue from a :meth:`server_state`."""
-
-
-def aggregation_weights(server: Server, uploads: list[Upload]) -> list[float]:
-    """n_k (the papers' equations) or uniform (CCST's code), per ``agg_weights``."""
-    uniform = server.config.agg_weights == "uniform"
-    return [1.0 if uniform else float(u.num_samples) for u in uploads]
