@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import json
 import platform
 import sys
@@ -61,6 +62,7 @@ from raydg.config import RunConfig, Search
 from raydg.experiment import run_experiment
 from raydg.results import long_rows, paired_difference
 
+DATASETS = ("digits-style", "digits-rot")
 REGIMES = {"scratch": None, "glyphs": "glyphs"}
 FEDFD = [{"method": m, "options.cafl_reduction": r, "options.warmup_rounds": w}
          for m in ("fedfd", "fedfd-a") for r, w in (("sum", 0), ("mean", 0), ("sum", 2))]
@@ -96,6 +98,7 @@ def protocols(calibration_epochs: int) -> list[Protocol]:
     ]
 
 
+PROTOCOLS = ("fedfd-a", "last-upload", "feddg")
 CLAIMS = [  # (protocol, method, baseline, where the paper claims it)
     ("fedfd-a", "fedfd", "fedavg", "FedFD-A Table 5"),
     ("fedfd-a", "fedfd", "silobn", "FedFD-A Table 1"),
@@ -215,14 +218,22 @@ def report(rows: list[dict[str, Any]], command: str) -> str:
     seeds = sorted({r["seed"] for r in rows})
     wall = sum({group(r): r["group_seconds"] for r in rows}.values())
     out = ["# Fidelity of the seed methods on the embedded benchmarks", "",
-           f"Made by `{command}` on {datetime.date.today()}, {platform.node()} "
-           f"({platform.processor() or platform.machine()}), {wall / 3600:.1f} h; seeds "
-           f"{seeds}. See the docstring of `benchmarks/fidelity.py` for the protocols.", "",
+           "Rows made by `python benchmarks/fidelity.py --json FILE` (one experiment per "
+           "dataset, regime and protocol; the same FILE continues an interrupted run), "
+           f"{wall / 3600:.1f} h of experiments on {platform.node()} "
+           f"({platform.processor() or platform.machine()}); this report by `{command}` on "
+           f"{datetime.date.today()}; seeds {seeds}. See the docstring of "
+           "`benchmarks/fidelity.py` for the protocols.", "",
            "Accuracy (%) on the held-out domain at the round selected by mean source "
            "validation, with each method's hyper-parameters selected per domain by mean "
            "source validation over the seeds (never by target accuracy); mean ± std over "
            "seeds. *vs FedAvg*: paired difference to FedAvg of the same protocol (domain "
            "average per seed), mean ± half-width of the 95 % t-interval over seeds.", ""]
+    done = {group(r) for r in rows}
+    missing = [" ".join(g) for g in itertools.product(DATASETS, REGIMES, PROTOCOLS)
+               if g not in done]
+    if missing:
+        out += [f"**Not yet run** (dataset regime protocol): {'; '.join(missing)}.", ""]
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
         for regime in dict.fromkeys(r["regime"] for r in rows):
             every = [r for r in rows if r["dataset"] == dataset and r["regime"] == regime]
@@ -251,9 +262,9 @@ def report(rows: list[dict[str, Any]], command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--datasets", nargs="+", default=["digits-style", "digits-rot"])
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS))
     p.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
-    p.add_argument("--protocols", nargs="+", default=["fedfd-a", "last-upload", "feddg"])
+    p.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
     p.add_argument("--tracking-uri", default=None)
     p.add_argument("--out", default="docs/fidelity.md")
     p.add_argument("--json", default=None, help="write the rows here after every experiment; "
