@@ -9,15 +9,18 @@ the held-out target domain, which no client ever sees.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import ray
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from raydg import seeding
@@ -90,18 +93,36 @@ class Runtime:
         images = torch.from_numpy(np.array(x, dtype=np.uint8)).to(self.device)
         return to_inputs(augment_batch(images, self.transform), self.mean, self.std)
 
+    def _predictions(self, model: nn.Module, x: np.ndarray, y: np.ndarray, mode: str
+                     ) -> Iterator[tuple[torch.Tensor, np.ndarray]]:
+        """``method.predict(model, ., mode)`` in eval mode and the labels, batch by batch."""
+        was_training = model.training
+        model.eval()
+        try:
+            for i in range(0, len(y), self.cfg.eval_batch_size):
+                batch = slice(i, i + self.cfg.eval_batch_size)
+                yield self.method.predict(model, self.inputs(x[batch]), mode), y[batch]
+        finally:
+            model.train(was_training)
+
     @torch.no_grad()
     def accuracy(self, model: nn.Module, x: np.ndarray, y: np.ndarray, mode: str) -> float:
         """Top-1 accuracy of ``method.predict(model, ., mode)`` in eval mode."""
-        was_training = model.training
-        model.eval()
-        correct = 0
-        bs = self.cfg.eval_batch_size
-        for i in range(0, len(y), bs):
-            logits = self.method.predict(model, self.inputs(x[i:i + bs]), mode)
-            correct += int((logits.argmax(1).cpu().numpy() == y[i:i + bs]).sum())
-        model.train(was_training)
+        correct = sum(int((logits.argmax(1).cpu().numpy() == labels).sum())
+                      for logits, labels in self._predictions(model, x, y, mode))
         return correct / max(1, len(y))
+
+    @torch.no_grad()
+    def loss_and_accuracy(self, model: nn.Module, x: np.ndarray, y: np.ndarray,
+                          mode: str) -> tuple[float, float]:
+        """Mean cross-entropy and top-1 accuracy of ``method.predict(model, ., mode)`` in eval
+        mode."""
+        loss = correct = 0.0
+        for logits, labels in self._predictions(model, x, y, mode):
+            target = torch.tensor(labels, device=logits.device)  # copied: read-only shards
+            loss += float(F.cross_entropy(logits, target, reduction="sum"))
+            correct += int((logits.argmax(1) == target).sum())
+        return loss / max(1, len(y)), correct / max(1, len(y))
 
 
 class ClientHost(Runtime):
@@ -153,6 +174,7 @@ class ClientHost(Runtime):
             device=self.device, global_state=global_state, memory=slot.state.memory,
             generator=seeding.torch_generator(self.cfg.seed, seeding.CLIENT, cid, rnd, 1),
             inputs=self.inputs, train_inputs=self.train_inputs,
+            evaluate=functools.partial(self.loss_and_accuracy, mode=self.method.eval_modes[0]),
         )
 
     def train(self, cid: int, global_state: st.State, rnd: int) -> Upload:

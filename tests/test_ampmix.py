@@ -131,7 +131,7 @@ def _context(method, seed: int) -> ClientContext:
         device=torch.device("cpu"), global_state={},
         memory={BANK: _flat_bank({0: 30.0, 1: 120.0, 2: 220.0}, (3, 16, 16), 0.1)},
         generator=torch.Generator().manual_seed(seed), inputs=None,
-        train_inputs=lambda b: torch.from_numpy(b))
+        train_inputs=lambda b: torch.from_numpy(b), evaluate=None)
     method.start_round(ctx)
     return ctx
 

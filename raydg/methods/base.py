@@ -86,6 +86,9 @@ class ClientContext:
     generator: torch.Generator
     inputs: Any  # callable: uint8 numpy images -> normalised float tensor on ``device``
     train_inputs: Any  # the same after the run's training augmentation (``train_transform``)
+    # callable: (model, uint8 images, labels) -> (mean cross-entropy, accuracy) in eval mode,
+    # under the method's first inference mode
+    evaluate: Any
     scratch: dict[str, Any] = field(default_factory=dict)
     optimizer: torch.optim.Optimizer | None = None
     metrics: dict[str, list[float]] = field(default_factory=dict)

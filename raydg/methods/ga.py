@@ -35,8 +35,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from raydg.errors import RaydgError
 from raydg.methods import ClientContext, Method, Server, Upload, register
@@ -157,7 +155,7 @@ class GA(Method):
     def end_round(self, ctx: ClientContext) -> None:
         """The local model's validation loss and accuracy, before aggregation."""
         super().end_round(ctx)
-        loss, acc = self._validation(ctx)
+        loss, acc = ctx.evaluate(ctx.model, ctx.data.val_x, ctx.data.val_y)
         ctx.log("ga/local_loss", loss)
         ctx.log("ga/local_acc", acc)
 
@@ -165,21 +163,4 @@ class GA(Method):
         """``ga``: the (loss, accuracy) of the new global model on the client's validation."""
         if phase != "ga":
             return super().client_phase(phase, ctx, payload)
-        return self._validation(ctx)
-
-    @torch.no_grad()
-    def _validation(self, ctx: ClientContext) -> tuple[float, float]:
-        """Mean cross-entropy and accuracy of ``ctx.model`` (eval mode) on the validation split."""
-        model, data, bs = ctx.model, ctx.data, ctx.config.eval_batch_size
-        was_training = model.training
-        model.eval()
-        loss = correct = 0.0
-        for i in range(0, len(data.val_y), bs):
-            logits = self.predict(model, ctx.inputs(data.val_x[i:i + bs]), self.eval_modes[0])
-            y = torch.tensor(data.val_y[i:i + bs], device=ctx.device)  # copied: read-only shard
-            loss += float(F.cross_entropy(logits, y, reduction="sum"))
-            correct += float((logits.argmax(1) == y).sum())
-        model.train(was_training)
-        n = max(1, len(data.val_y))
-        return loss / n, correct / n
-
+        return ctx.evaluate(ctx.model, ctx.data.val_x, ctx.data.val_y)

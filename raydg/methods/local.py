@@ -63,10 +63,10 @@ class Local(Method):
         return Ensemble(super().build_model(spec), len(self.members))
 
     def start_round(self, ctx: ClientContext) -> None:
-        """Train the client's own member only."""
-        super().start_round(ctx)
+        """Train the client's own member only: the forward pass runs it, so the other members
+        get no gradient and SGD leaves them as they are."""
         ctx.model.active = self.members.index(ctx.client_id)
-        ctx.optimizer = ctx.sgd(ctx.model.members[ctx.model.active].parameters())
+        super().start_round(ctx)
 
     def aggregate(self, server: Server, uploads: list[Upload]) -> st.State:
         """Member k from client k's upload; every other tensor as it was."""
