@@ -228,7 +228,9 @@ def report(rows: list[dict[str, Any]], command: str) -> str:
            "validation, with each method's hyper-parameters selected per domain by mean "
            "source validation over the seeds (never by target accuracy); mean ± std over "
            "seeds. *vs FedAvg*: paired difference to FedAvg of the same protocol (domain "
-           "average per seed), mean ± half-width of the 95 % t-interval over seeds.", ""]
+           "average per seed), mean ± half-width of the 95 % t-interval over seeds. Where an "
+           "ordering does not hold, [fidelity-ablations.md](fidelity-ablations.md) gives the "
+           "measured explanation.", ""]
     done = {group(r) for r in rows}
     missing = [" ".join(g) for g in itertools.product(DATASETS, REGIMES, PROTOCOLS)
                if g not in done]

@@ -285,12 +285,15 @@ def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
               help="Print the published numbers of this paper config beside the measured.")
 @click.option("--plot", type=click.Path(), metavar="FILE.png",
               help="Draw accuracy per round: one panel per target, one line per method.")
+@click.option("--per-round", "per_round", multiple=True, metavar="METRIC",
+              help="Add METRIC per round (e.g. val_acc, csac/alignment), mean over domains "
+                   "and seeds (repeatable).")
 @click.option("--tracking-uri", help="MLflow store. [default: $MLFLOW_TRACKING_URI or "
                                      "sqlite:///mlflow.db]")
 def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str, ...],
            filter_string: str, selection: str | None, fmt: str, output: str | None,
            versus: str | None, ledger: bool, timing: bool, paper: str | None,
-           plot: str | None, tracking_uri: str | None) -> None:
+           plot: str | None, per_round: tuple[str, ...], tracking_uri: str | None) -> None:
     """Print a paper's table from the runs in the MLflow store: methods x held-out domains,
     mean +- std over seeds. Runs that differ in other settings are never averaged together."""
     from mlflow import MlflowClient
@@ -308,7 +311,8 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
     text, notes = report_mod.report(
         client, experiments=experiments, dataset=dataset, methods=methods,
         filter_string=filter_string, selection=selection or "selected", fmt=fmt, baseline=versus,
-        ledger=ledger, seconds=timing, paper=published, plot=Path(plot) if plot else None)
+        ledger=ledger, seconds=timing, paper=published, plot=Path(plot) if plot else None,
+        per_round=per_round)
     for note in notes:  # on stderr, apart from the data
         click.echo(f"raydg: {note}", err=True)
     if output:

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,23 @@ def stop_on_sigterm() -> Iterator[None]:
 TERMINATED = threading.Event()  # the experiment was stopped by SIGTERM
 
 
+@contextlib.contextmanager
+def session(cfg: RunConfig, plan: Plan, run_id: str | None) -> Iterator[tuple[bool, Tracker]]:
+    """Ray (:func:`ray_session`) and the experiment's MLflow parent run. A tracking server that
+    does not answer is refused before Ray starts; a new SQLite store's schema, which takes
+    seconds to create, is made while Ray starts."""
+    sqlite = cfg.tracking_uri.startswith("sqlite:///")
+    if not sqlite:
+        check_store(cfg.tracking_uri)
+    with ThreadPoolExecutor(1) as pool:
+        store = pool.submit(check_store, cfg.tracking_uri) if sqlite else None
+        with ray_session(cfg) as local:
+            if store is not None:
+                store.result()
+            with Tracker(cfg, plan.label, plan.search, run_id) as tracker:
+                yield local, tracker
+
+
 def _final_metrics(plan: Plan, summary: list[dict[str, Any]],
                    selection: list[dict[str, Any]]) -> dict[str, float]:
     """The parent run's headline metrics: ``avg/<selection>/<mode>``; for a search, the Avg of
@@ -177,12 +195,11 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         out(f"raydg: warning: {warning}")
     weights = starting_weights(plan, data, cache_root(base.cache_dir), say)
     check_storage(base.storage)
-    check_store(base.tracking_uri)
     sources = len(data.domains) - 1
     run_id = manifest["run_id"] if manifest else None
     address = base.address or os.environ.get("RAY_ADDRESS")
     say(f"raydg: {'joining the Ray cluster at ' + address if address else 'starting Ray'}")
-    with ray_session(base) as local, Tracker(base, plan.label, plan.search, run_id) as tracker:
+    with session(base, plan, run_id) as (local, tracker):
         directory = resume or experiment_dir(plan, tracker.run_id)
         if manifest is None:
             write_manifest(directory, {"run_id": tracker.run_id, "config": to_dict(cfg),

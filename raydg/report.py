@@ -35,6 +35,8 @@ from raydg.results import (
 # params a table's rows may differ in: they name the row, not the table
 ROW_KEYS = ("method", "augment", "aggregation", "equal_compute", "target", "seeds", "seed")
 FORMATS = ("console", "markdown", "latex", "csv", "json")
+Block = tuple[str, list[str], list[list[str]]]  # a printed table: heading, header, body
+UNSET = "(unset)"  # a setting that runs logged by an older raydg do not have
 
 
 @dataclass
@@ -124,8 +126,8 @@ def row_name(run: Run, runs: list[Run]) -> str:
     if len(variants) < 2:
         return run.method
     shared = set.intersection(*(set(v) for v in variants))
-    return run.method + " [" + " ".join(f"{k[8:]}={v}" for k, v in run.options()
-                                         if (k, v) not in shared) + "]"
+    own = " ".join(f"{k[8:]}={v}" for k, v in run.options() if (k, v) not in shared)
+    return f"{run.method} [{own or 'defaults'}]"
 
 
 def long_rows(runs: list[Run], selection: str) -> list[dict[str, Any]]:
@@ -138,6 +140,12 @@ def differing(tabs: list[Table]) -> list[str]:
     """The settings in which the tables differ."""
     keys = sorted({k for t in tabs for k in t.settings})
     return [k for k in keys if len({t.settings.get(k) for t in tabs}) > 1]
+
+
+def setting_note(table: Table, tabs: list[Table]) -> str:
+    """`` [key=value, ...]``: the table's values of the settings the tables differ in."""
+    note = ", ".join(f"{k}={table.settings.get(k, UNSET)}" for k in differing(tabs))
+    return f" [{note}]" if note else ""
 
 
 def versus(table: Table, baseline: str, selection: str) -> dict[str, dict[str, str]]:
@@ -172,10 +180,46 @@ def paper_rows(paper: dict[str, Any], targets: list[str]) -> dict[str, dict[str,
             for m, row in paper["accuracy"].items()}
 
 
+def round_means(client: Any, table: Table, metric: str) -> dict[str, dict[int, float]]:
+    """Per method of ``table`` that logged ``metric``: its mean per round over the method's
+    runs (held-out domains x seeds)."""
+    values: dict[str, dict[int, list[float]]] = {r["method"]: {} for r in table.rows}
+    for r in table.runs:
+        for m in client.get_metric_history(r.run_id, metric):
+            values[row_name(r, table.runs)].setdefault(m.step, []).append(m.value)
+    return {name: {step: float(np.mean(v)) for step, v in sorted(steps.items())}
+            for name, steps in values.items() if steps}
+
+
+def round_blocks(client: Any, tabs: list[Table], metrics: Sequence[str]
+                 ) -> tuple[list[Block], list[dict[str, Any]]]:
+    """``--per-round``: per table and metric, one row per method, one column per round."""
+    blocks, records = [], []
+    for metric in metrics:
+        found = False
+        for i, t in enumerate(tabs):
+            means = round_means(client, t, metric)
+            if not means:
+                continue
+            found = True
+            steps = sorted({s for row in means.values() for s in row})
+            blocks.append((f"{metric} per round, mean over held-out domains and seeds"
+                           + setting_note(t, tabs), ["Method", *map(str, steps)],
+                           [[name, *(f"{row[s]:.4g}" if s in row else "" for s in steps)]
+                            for name, row in means.items()]))
+            records += [{"table": i, "metric": metric, "method": name,
+                         **{f"round {s}": v for s, v in row.items()}}
+                        for name, row in means.items()]
+        if not found:
+            raise RaydgError(f"--per-round {metric}: no matching run logged that metric")
+    return blocks, records
+
+
 def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, dict[str, str]]],
-           paper: dict[str, Any] | None) -> str:
+           paper: dict[str, Any] | None, rounds: tuple[list[Block], list[dict[str, Any]]]
+           ) -> str:
     """The tables in one format; ``extras``: per table, additional columns by method
-    (column -> text)."""
+    (column -> text); ``rounds``: the per-round blocks and records that follow them."""
     title = f"Accuracy (%) on the held-out domain, {SELECTIONS[selection]}"
     blocks, records = [], []
     for i, (t, extra) in enumerate(zip(tabs, extras, strict=True)):
@@ -188,7 +232,8 @@ def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, d
             more = extra.get(r["method"], {})
             body.append([r["method"], *(cell(r[c], r[c + "_std"], seeds) for c in cols),
                          *(more.get(k, "") for k in added)])
-            records.append({"table": i, **{k: t.settings[k] for k in differing(tabs)},
+            records.append({"table": i, **{k: t.settings.get(k, UNSET)
+                                           for k in differing(tabs)},
                             "method": r["method"], "seeds": seeds, **{c: r[c] for c in cols},
                             **{f"{c}_std": r[c + "_std"] for c in cols}, **more})
             if r["method"] in published:
@@ -200,14 +245,12 @@ def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, d
                 body.append(["  measured - paper", *(
                     f"{r[c] - paper_row[c]:+.2f}" if c in paper_row else "" for c in cols),
                     *[""] * len(added)])
-        note = ", ".join(f"{k}={t.settings[k]}" for k in differing(tabs))
-        heading = f"{title}, {seeds} seed(s)" + (f" [{note}]" if note else "")
+        heading = f"{title}, {seeds} seed(s)" + setting_note(t, tabs)
         blocks.append((heading, ["Method", *cols, *added], body))
-    return _format(blocks, records, fmt)
+    return _format(blocks + rounds[0], records + rounds[1], fmt)
 
 
-def _format(blocks: list[tuple[str, list[str], list[list[str]]]],
-            records: list[dict[str, Any]], fmt: str) -> str:
+def _format(blocks: list[Block], records: list[dict[str, Any]], fmt: str) -> str:
     """Tables (heading, header, body) as text, or their records as JSON or CSV."""
     if fmt == "json":
         return json.dumps(records, indent=1)
@@ -289,7 +332,7 @@ def report(client: Any, *, experiments: Sequence[str] = (), dataset: str | None 
            methods: Sequence[str] = (), filter_string: str = "", selection: str = "selected",
            fmt: str = "console", baseline: str | None = None, ledger: bool = False,
            seconds: bool = False, paper: dict[str, Any] | None = None,
-           plot: Path | None = None) -> tuple[str, list[str]]:
+           plot: Path | None = None, per_round: Sequence[str] = ()) -> tuple[str, list[str]]:
     """The report in format ``fmt`` and, for the formats that are data, the notes on it
     (tables kept apart, runs left out), which the console format holds in its text;
     :class:`RaydgError` for bad input, :class:`EmptyResult` when no finished run matches."""
@@ -315,7 +358,7 @@ def report(client: Any, *, experiments: Sequence[str] = (), dataset: str | None 
         for i, t in enumerate(tabs):
             plot_curves(curve_points(client, t),
                         plot if i == 0 else plot.with_name(f"{plot.stem}-{i + 1}{plot.suffix}"))
-    text = render(tabs, fmt, selection, extras, paper)
+    text = render(tabs, fmt, selection, extras, paper, round_blocks(client, tabs, per_round))
     if fmt == "console":
         return "\n\n".join([*apart, text, *left_out]), []
     return text, apart + left_out

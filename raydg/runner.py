@@ -521,7 +521,9 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
             collector.collect(result.config[FEDERATION]["key"], result.checkpoint)
     missing = [f.key for f in feds if f.key not in collector.results]
     if missing:  # no error, yet unfinished: Tune's SIGINT handler stopped the trials
-        raise Interrupted(f"stopped before {', '.join(missing)} finished", directory)
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise Interrupted(f"stopped with {len(missing)} of {len(feds)} federations unfinished "
+                          f"({shown})", directory)
     return [collector.results[f.key] for f in feds]
 
 

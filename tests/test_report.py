@@ -218,7 +218,27 @@ def test_plot_is_a_png_with_one_panel_per_target(store, tmp_path, monkeypatch):
     assert figures == [list(TARGETS)]
 
 
+def test_per_round_is_the_mean_of_the_runs_histories(store):
+    rows = _invoke(store, "--filter", "params.lr = '0.05'", "--per-round", "train_loss",
+                   "--format", "json")
+    assert rows.exit_code == 0, rows.output
+    curves = [r for r in json.loads(rows.stdout) if r.get("metric") == "train_loss"]
+    client = MlflowClient(store)
+    assert [r["method"] for r in curves] == list(METHODS)
+    for row in curves:
+        runs = [r for r in _children(store, "0.05") if r.data.tags["raydg.method"] == row["method"]]
+        per_run = [sorted(client.get_metric_history(r.info.run_id, "train_loss"),
+                          key=lambda m: m.step) for r in runs]
+        assert len(runs) == len(TARGETS) * len(SEEDS) and all(len(h) == 2 for h in per_run)
+        for rnd in (1, 2):
+            assert row[f"round {rnd}"] == pytest.approx(
+                np.mean([h[rnd - 1].value for h in per_run]), abs=1e-12)
+    console = _invoke(store, "--filter", "params.lr = '0.05'", "--per-round", "val_acc").stdout
+    assert "val_acc per round, mean over held-out domains and seeds" in console
+
+
 @pytest.mark.parametrize(("args", "message"), [
+    (("--per-round", "no/such_metric"), "--per-round no/such_metric: no matching run logged"),
     (("--experiment", "no-such-experiment"), "no MLflow experiment 'no-such-experiment'"),
     (("--filter", "params.lr === 'x'"), "--filter \"params.lr === 'x'\""),
     (("--versus", "fedprox"), "--versus fedprox: no such method"),
@@ -305,3 +325,23 @@ def test_logged_models_reload(store):
         accuracy, _ = evaluator.evaluate(load_state(local / f"{name}.npz"))
         assert accuracy["global"] == pytest.approx(
             metrics[f"final/target_acc_{selection}/global"], abs=1e-12)
+
+
+def test_runs_of_an_older_raydg_that_lack_a_setting_are_a_table_of_their_own(tmp_path):
+    """A param that older runs never logged separates their table and is shown as unset."""
+    uri = f"sqlite:///{tmp_path}/old.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("old-and-new")
+    new = {"client_size": "None"}
+    for seed, extra in ((0, {}), (1, {}), (0, new), (1, new)):
+        run = client.create_run(exp, tags={"raydg.target": "M0", "raydg.method": "fedavg",
+                                           "raydg.seed": str(seed), "raydg.dataset": "digits-rot"})
+        for key, value in {"dataset": "digits-rot", "lr": "0.05", **extra}.items():
+            client.log_param(run.info.run_id, key, value)
+        client.log_metric(run.info.run_id, "final/target_acc_selected/global", 0.5 + 0.1 * seed)
+        client.set_terminated(run.info.run_id)
+    result = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert sorted(r["client_size"] for r in rows) == ["(unset)", "None"]
+    assert all(r["M0"] == pytest.approx(55.0) for r in rows)

@@ -177,8 +177,9 @@ class AmpMix(Method):
         x, n = ctx.data.train_x, self.options.bank_size
         if 0 < n < len(x):
             x = x[np.sort(_rng(ctx).choice(len(x), size=n, replace=False))]
-        parts = [low_freq_amplitude(torch.from_numpy(x[i:i + SPECTRA_BATCH]).to(
-            ctx.device, torch.float64), self.options.beta).float().cpu().numpy()
+        parts = [low_freq_amplitude(torch.tensor(x[i:i + SPECTRA_BATCH], dtype=torch.float64,
+                                                 device=ctx.device), self.options.beta
+                                    ).float().cpu().numpy()
             for i in range(0, len(x), SPECTRA_BATCH)]
         return np.concatenate(parts)
 
