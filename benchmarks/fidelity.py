@@ -40,6 +40,9 @@ Run:  python benchmarks/fidelity.py [--seeds 0 1 2 3 4] [--datasets digits-style
 With ``--json``, the rows already in that file are kept and their experiments are not run
 again: an interrupted benchmark continues where it stopped; ``--resume FOLDER`` (the folder
 the interrupted experiment printed) also keeps the federations it had finished.
+``--report-only FILE...`` makes the report from the rows of one or more such files (e.g.
+experiments run on different machines). Keep the rows behind ``docs/fidelity.md`` in the
+repository: ``--json docs/fidelity-rows/NAME.json``, one file per run of this script.
 """
 
 from __future__ import annotations
@@ -228,9 +231,10 @@ def report(rows: list[dict[str, Any]], command: str) -> str:
            "validation, with each method's hyper-parameters selected per domain by mean "
            "source validation over the seeds (never by target accuracy); mean ± std over "
            "seeds. *vs FedAvg*: paired difference to FedAvg of the same protocol (domain "
-           "average per seed), mean ± half-width of the 95 % t-interval over seeds. Where an "
-           "ordering does not hold, [fidelity-ablations.md](fidelity-ablations.md) gives the "
-           "measured explanation.", ""]
+           "average per seed), mean ± half-width of the 95 % t-interval over seeds. "
+           "[fidelity-ablations.md](fidelity-ablations.md) explains, by an ablation or a "
+           "diagnostic each, the orderings that do not hold, and lists those it does not "
+           "explain yet.", ""]
     done = {group(r) for r in rows}
     missing = [" ".join(g) for g in itertools.product(DATASETS, REGIMES, PROTOCOLS)
                if g not in done]
@@ -271,18 +275,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="docs/fidelity.md")
     p.add_argument("--json", default=None, help="write the rows here after every experiment; "
                    "experiments whose rows it already holds are not run again")
-    p.add_argument("--report-only", metavar="JSON",
-                   help="make the report from the rows of an earlier --json, run nothing")
+    p.add_argument("--report-only", metavar="JSON", nargs="+",
+                   help="make the report from the rows of earlier --json files (e.g. the "
+                   "experiments run on different machines), run nothing")
     p.add_argument("--resume", metavar="FOLDER",
                    help="continue this interrupted experiment as the first one to run")
     argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
-    if args.report_only and not Path(args.report_only).exists():
-        p.error(f"{args.report_only} does not exist")
-    stored = args.report_only or args.json
-    rows: list[dict[str, Any]] = []
-    if stored and Path(stored).exists():
-        rows = json.loads(Path(stored).read_text())
+    absent = [f for f in args.report_only or [] if not Path(f).exists()]
+    if absent:
+        p.error(f"{', '.join(absent)} does not exist")
+    stored = args.report_only or ([args.json] if args.json else [])
+    rows: list[dict[str, Any]] = [r for f in stored if Path(f).exists()
+                                  for r in json.loads(Path(f).read_text())]
     if args.report_only:
         args.datasets = []
     done = {group(r) for r in rows}

@@ -7,6 +7,9 @@ round, 20 local steps, 10 rounds) is run three ways in one script run:
   seeded model init, client sampling, local training, n_k-weighted aggregation in client-id order
   and per-round evaluation (clients' validation splits and the target domain) as
   :meth:`raydg.simulation.Simulation.run`. Run before Ray starts.
+* ``bare, 2 at once``: two bare loops in two processes at the same time. Their steady round
+  against one loop alone gives the machine's own ceiling for two workers (memory bandwidth,
+  shared caches, a VM's neighbours): ceiling = 2 x bare / (bare, 2 at once).
 * ``raydg x1`` and ``raydg x2``: :class:`raydg.simulation.Simulation` with 1 and 2 client actors
   (1 CPU each), in one local Ray session with 2 CPUs. The target-domain evaluation runs in a
   thread of the driver (this process), so with one actor it may overlap on the spare core.
@@ -14,13 +17,13 @@ round, 20 local steps, 10 rounds) is run three ways in one script run:
 Printed: start-up seconds (building clients, hosts or actors and the evaluator, plus round 1's
 excess over the steady state) and steady-state seconds per round (median of rounds 2..R), then
 overhead = raydg x1 / bare - 1 (target < 5 %) and speed-up = raydg x1 / raydg x2 (target >= 1.9x
-on a 2-core machine), each marked PASS or MISS; these are measurements and do not change the exit
-status. Then where raydg's steady rounds go (medians of the per-round ``time/*`` metrics, see
-:meth:`raydg.simulation.Simulation._phase_times`): training wall time, the clients' own
-training seconds per actor, their difference (actors idle: stragglers, dispatch, the previous
-round's validation queued first), aggregation, source validation, target evaluation and the
-driver's wait for them. The three final global models must be bit-identical: if not,
-MISMATCH and exit 1.
+on a 2-core machine) beside the ceiling, each marked PASS or MISS; these are measurements and do
+not change the exit status. Then where raydg's steady rounds go (medians of the per-round
+``time/*`` metrics, see :meth:`raydg.simulation.Simulation._phase_times`): training wall time,
+the clients' own training seconds per actor, their difference (actors idle: stragglers,
+dispatch, the previous round's validation queued first), aggregation, source validation,
+target evaluation and the driver's wait for them. Every run's final global model must be
+bit-identical: if not, MISMATCH and exit 1.
 
 Run:  python benchmarks/overhead.py [--rounds 10] [--repeats 3] [--json overhead.json]
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -130,6 +134,13 @@ def run_bare(cfg: RunConfig, data: MultiDomainDataset) -> Run:
     return Run(setup, rounds, global_state, metrics)
 
 
+def run_bare_pair(cfg: RunConfig, data: MultiDomainDataset) -> list[Run]:
+    """Two bare loops at once, in two processes: what this machine's cores give two workers
+    that share nothing (the ceiling of any 1-to-2 worker speed-up here)."""
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        return pool.starmap(run_bare, [(cfg, data)] * 2)
+
+
 def wait_for_cpus(total: float, timeout: float = 10.0) -> None:
     """Let the previous simulation's killed actors hand their CPUs back before the next starts."""
     deadline = time.monotonic() + timeout
@@ -187,10 +198,13 @@ def main(argv: list[str] | None = None) -> int:
           f"(Dirichlet {cfg.dirichlet}), {cfg.sample}/round, {cfg.local_steps} local steps x "
           f"batch {cfg.batch_size}, {cfg.rounds} rounds, {args.repeats} repeat(s)")
 
-    bare, x1, x2 = Measure("bare"), Measure("raydg x1"), Measure("raydg x2")
+    bare, pair = Measure("bare"), Measure("bare, 2 at once")
+    x1, x2 = Measure("raydg x1"), Measure("raydg x2")
     for i in range(args.repeats):
         print(f"bare loop, pass {i + 1}")
         bare.runs.append(run_bare(cfg, data))
+        print(f"two bare loops at once, pass {i + 1}")
+        pair.runs += run_bare_pair(cfg, data)
     t0 = time.perf_counter()
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     ray_init = time.perf_counter() - t0
@@ -202,20 +216,23 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
 
-    measures = (bare, x1, x2)
+    measures = (bare, pair, x1, x2)
     print(f"\nray.init: {ray_init:.2f} s (once, not counted below)")
-    print(f"{'':10} {'start-up s':>10} {'steady s/round':>15} {'round 1 s':>10}   "
+    print(f"{'':15} {'start-up s':>10} {'steady s/round':>15} {'round 1 s':>10}   "
           "rounds 2..R, pass 1 (s)")
     for m in measures:
         tail = " ".join(f"{s:.3f}" for s in m.runs[0].rounds[1:])
-        print(f"{m.name:10} {m.startup:10.3f} {m.steady:15.3f} {m.first:10.3f}   {tail}")
+        print(f"{m.name:15} {m.startup:10.3f} {m.steady:15.3f} {m.first:10.3f}   {tail}")
     overhead = x1.steady / bare.steady - 1
     speedup = x1.steady / x2.steady
+    ceiling = 2 * bare.steady / pair.steady
     ok_overhead, ok_speedup = overhead < OVERHEAD_TARGET, speedup >= SPEEDUP_TARGET
     print(f"overhead  raydg x1 / bare - 1 : {100 * overhead:+6.1f} %   "
           f"(target < {100 * OVERHEAD_TARGET:.0f} %)   {'PASS' if ok_overhead else 'MISS'}")
     print(f"speed-up  raydg x1 / raydg x2 : {speedup:6.2f} x   "
           f"(target >= {SPEEDUP_TARGET}x)  {'PASS' if ok_speedup else 'MISS'}")
+    print(f"ceiling   2 x bare / (bare, 2 at once) : {ceiling:6.2f} x   (two workers that share "
+          f"nothing); raydg x2 reaches {100 * speedup / ceiling:.0f} % of it")
 
     print("\nraydg's steady rounds, median s: " + "  ".join(p[5:] for p in PHASES)
           + "  (idle = train - busy)")
@@ -246,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                               "phases": [r.phases for r in m.runs],
                               "setup_s": [r.setup for r in m.runs]} for m in measures},
             "overhead": overhead, "overhead_pass": ok_overhead,
-            "speedup": speedup, "speedup_pass": ok_speedup,
+            "speedup": speedup, "speedup_pass": ok_speedup, "ceiling": ceiling,
             "bit_identical": not bad_state, "metrics_identical": not bad_metrics,
         }
         with open(args.json, "w") as f:

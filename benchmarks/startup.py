@@ -2,13 +2,16 @@
 
 The workload is the README's table with three seeds: digits-style, every held-out domain x seeds
 0, 1, 2 (12 federations), FedAvg, the dataset's defaults, raydg's default concurrency (the
-machine's CPUs shared among the federations that run at once). It runs twice in one script run,
-each through :func:`raydg.experiment.run_experiment` with its own fresh local Ray session:
+machine's CPUs shared among the federations that run at once). It runs three times in one
+script run, each through :func:`raydg.experiment.run_experiment`:
 
-* ``fresh``: ``reuse_actors=False``: every federation starts its own driver and client actors
-  (torch imported, model built, first round in a cold process), as before actor reuse;
-* ``reused``: the default: Tune runs the next federation on the finished one's trial actor,
-  which resets its parked client actors in place.
+* ``fresh``: ``reuse_actors=False``, its own local Ray: every federation starts its own driver
+  and client actors (torch imported, model built, first round in a cold process), as before
+  actor reuse;
+* ``reused``: the default, its own local Ray: Tune runs the next federation on the finished
+  one's trial actor, which resets its parked client actors in place;
+* ``running``: the default in a Ray session that is already up (as a job on a cluster finds
+  it); the seconds Ray took to start are printed apart.
 
 Printed for each: wall seconds; the ideal, sum over federations of (rounds x steady round time,
 the median of rounds 2..R) divided by the federations that run at once (the CPUs over each
@@ -33,6 +36,7 @@ import time
 from typing import Any
 
 import numpy as np
+import ray
 
 from raydg.config import RunConfig
 from raydg.experiment import ExperimentResult, run_experiment
@@ -72,13 +76,21 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = RunConfig(dataset="digits-style", method=args.method, seeds=args.seeds,
                          tracking_uri=f"sqlite:///{tmp}/mlflow.db", storage=f"{tmp}/results")
-        for name, reuse in (("fresh", False), ("reused", True)):
+        for name, reuse in (("fresh", False), ("reused", True), ("running", True)):
+            if name == "running":
+                start = time.perf_counter()
+                ray.init(address="local", include_dashboard=False, logging_level="ERROR")
+                print(f"Ray started in {time.perf_counter() - start:.1f} s")
             start = time.perf_counter()
-            results[name] = run_experiment(dataclasses.replace(base, reuse_actors=reuse),
-                                           out=lambda _: None)
-            out[name] = figures(time.perf_counter() - start, results[name])
+            try:
+                results[name] = run_experiment(dataclasses.replace(base, reuse_actors=reuse),
+                                               out=lambda _: None)
+                wall = time.perf_counter() - start
+            finally:
+                ray.shutdown()  # the running session (the others stop their own)
+            out[name] = figures(wall, results[name])
             f = out[name]
-            print(f"{name:7} wall {f['wall_s']:6.1f} s  ideal {f['ideal_s']:6.1f} s  "
+            print(f"{name:8} wall {f['wall_s']:6.1f} s  ideal {f['ideal_s']:6.1f} s  "
                   f"wall/ideal {f['wall_over_ideal']:.2f} (goal <= {WALL_GOAL})  "
                   f"round 1/steady: " + ", ".join(
                       f"{k} actors {f[f'first_round_over_steady_{k}']:.2f} "
@@ -86,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
                       for k in ("fresh", "reused") if f"first_round_over_steady_{k}" in f)
                   + f" (goal <= {FIRST_ROUND_GOAL})")
     print(f"wall fresh / reused: {out['fresh']['wall_s'] / out['reused']['wall_s']:.2f}x")
-    bad = [f"{a.target} seed={a.seed}"
-           for a, b in zip(results["fresh"].runs, results["reused"].runs, strict=True)
+    bad = [f"{name}: {a.target} seed={a.seed}" for name in ("reused", "running")
+           for a, b in zip(results["fresh"].runs, results[name].runs, strict=True)
            if timing_free(a.history) != timing_free(b.history) or not all(
                np.array_equal(a.global_state[k], b.global_state[k]) for k in a.global_state)]
     print(f"MISMATCH: {', '.join(bad)}" if bad else
-          f"results: bit-identical for all {len(results['fresh'].runs)} federations")
+          f"results: bit-identical for all {len(results['fresh'].runs)} federations, 3 runs")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -81,7 +81,9 @@ def describe_placement(rows: list[dict[str, Any]], cfg: RunConfig) -> str:
             f"driver on node {driver}")
 
 
-IN_FLIGHT = 1  # trainings queued per actor: the rest stay free to be stolen
+# trainings submitted per actor: one runs while the next waits in the actor (no dispatch gap);
+# the rest stay with the driver, free to be stolen
+IN_FLIGHT = 2
 STATE = "state"  # concurrency group of adopt/release: they run while the actor trains
 
 # In a trial's driver actor: the client actors a finished federation left in the trial's
@@ -161,10 +163,10 @@ class ClientPool:
     def train(self, cids: list[int], global_ref: Any, rnd: int) -> list[Upload]:
         """Train the given clients; results are gathered as they finish, returned in id order.
 
-        Each actor has ``IN_FLIGHT`` of its own clients submitted at a time, most samples per step
-        first. An actor with nothing left to run takes the cheapest waiting client of the actor
-        with the longest queue (work stealing), so actors finish together whatever the clients'
-        costs or the actors' speeds.
+        Each actor has up to ``IN_FLIGHT`` clients submitted at a time, its own first, most
+        samples per step first. An actor with room and none of its own left takes the cheapest
+        waiting client of the actor with the longest queue (work stealing), so actors finish
+        together whatever the clients' costs or the actors' speeds.
         """
         def cost(c: int) -> tuple[int, int]:
             return -min(self.cfg.batch_size, self.sizes[c]), c
@@ -177,14 +179,12 @@ class ClientPool:
         def submit(a: int) -> None:
             if queues[a]:
                 cid = queues[a].popleft()
-            elif a not in running.values():
+            else:
                 donor = max(range(len(queues)), key=lambda b: (len(queues[b]), -b))
                 if not queues[donor]:
                     return
                 cid = queues[donor].pop()
                 self._move(cid, a)
-            else:
-                return
             running[self.actors[a].train.remote(cid, global_ref, rnd)] = a
 
         for _ in range(IN_FLIGHT):
