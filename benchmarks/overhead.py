@@ -1,7 +1,7 @@
 """Engine overhead: raydg against a bare single-process loop doing the same local steps.
 
 One digits workload (digits-style, held-out ``sketch``, 30 Dirichlet-0.1 clients, 10 sampled per
-round, 20 local steps, 10 rounds) is run three ways in one script run:
+round, 20 local steps, 10 rounds) is run four ways in one script run:
 
 * ``bare``: no Ray. All clients in one in-process :class:`raydg.client.ClientHost`; the same
   seeded model init, client sampling, local training, n_k-weighted aggregation in client-id order
