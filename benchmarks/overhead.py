@@ -22,7 +22,12 @@ not change the exit status. Then where raydg's steady rounds go (medians of the 
 ``time/*`` metrics, see :meth:`raydg.simulation.Simulation._phase_times`): training wall time,
 the clients' own training seconds per actor, their difference (actors idle: stragglers,
 dispatch, the previous round's validation queued first), aggregation, source validation,
-target evaluation and the driver's wait for them. Every run's final global model must be
+target evaluation and the driver's wait for them. Last, the cores each raydg run keeps busy:
+the machine's busy CPU seconds per round (rounds 3..R, between the reports of rounds 1 and
+R - 1; every process: actors, driver, Ray's daemons) over the round's seconds. The speed-up is
+(x2's cores / x1's cores) x (x1's CPU work / x2's): with one actor the driver's target
+evaluation already runs on the second core, so 2 / (x1's cores) bounds the speed-up even with
+both cores always busy and no work added. Every run's final global model must be
 bit-identical: if not, MISMATCH and exit 1.
 
 Run:  python benchmarks/overhead.py [--rounds 10] [--repeats 3] [--json overhead.json]
@@ -33,6 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import multiprocessing
 import statistics
 import sys
@@ -41,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import psutil
 import ray
 import torch
 
@@ -71,6 +78,7 @@ class Run:
     state: st.State
     metrics: list[dict[str, float]]
     phases: list[dict[str, float]] = field(default_factory=list)  # raydg's time/* per round
+    cpu: float = math.nan  # the machine's busy CPU seconds per round, rounds 3..R (raydg)
 
 
 @dataclass
@@ -95,6 +103,21 @@ class Measure:
     @property
     def first(self) -> float:
         return statistics.median(r.rounds[0] for r in self.runs)
+
+    @property
+    def cpu(self) -> float:
+        return statistics.median(r.cpu for r in self.runs)
+
+    @property
+    def cores(self) -> float:
+        """Median over repeats of the cores kept busy in rounds 3..R."""
+        return statistics.median(r.cpu / statistics.mean(r.rounds[2:]) for r in self.runs)
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds this machine has spent busy since boot, all processes (steal excluded)."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
 
 def run_bare(cfg: RunConfig, data: MultiDomainDataset) -> Run:
@@ -156,15 +179,17 @@ def run_raydg(cfg: RunConfig, data: MultiDomainDataset, actors: int) -> Run:
     sim = Simulation(cfg, data, cfg.target, cfg.seed,
                      log=lambda s: print("    " + s.replace("\n", "\n    ")))
     built = time.perf_counter() - t0
-    stamps: list[float] = []
+    stamps: list[tuple[float, float]] = []  # (time, busy CPU s) as each round is reported
     t1 = time.perf_counter()
-    result = sim.run(lambda row: stamps.append(time.perf_counter()))
+    result = sim.run(lambda row: stamps.append((time.perf_counter(), busy_cpu_seconds())))
     rounds = [row["round_seconds"] for row in result.history]
-    before_round_1 = stamps[0] - t1 - rounds[0]  # placement report (waits for the actors)
+    before_round_1 = stamps[0][0] - t1 - rounds[0]  # placement report (waits for the actors)
+    # round r is reported as round r + 1 ends (the last, after the loop): rounds 3..R
+    cpu = (stamps[-2][1] - stamps[0][1]) / (len(stamps) - 2) if len(stamps) > 2 else math.nan
     metrics = [{m: float(row[m]) for m in METRICS} for row in result.history]
     phases = [{**{k: v for k, v in row.items() if k.startswith("time/")},
                "time/idle": row["time/train"] - row["time/busy"]} for row in result.history]
-    return Run(built + before_round_1, rounds, result.global_state, metrics, phases)
+    return Run(built + before_round_1, rounds, result.global_state, metrics, phases, cpu)
 
 
 def identical(a: st.State, b: st.State) -> bool:
@@ -239,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     for m in (x1, x2):
         print(f"{m.name:10} " + "  ".join(f"{m.phase(p):{len(p) - 5}.3f}" for p in PHASES))
 
+    bound = 2 / x1.cores
+    print(f"\nbusy cores, whole machine (rounds 3..R): raydg x1 {x1.cores:.2f}, raydg x2 "
+          f"{x2.cores:.2f}; CPU s per round: {x1.cpu:.3f}, {x2.cpu:.3f}")
+    print(f"speed-up = (x2 cores / x1 cores) x (x1 CPU / x2 CPU) = {x2.cores / x1.cores:.2f} x "
+          f"{x1.cpu / x2.cpu:.2f}; both cores busy, no work added: 2 / x1 cores = {bound:.2f} x")
+
     reference = bare.runs[0]
     others = [(m.name, r) for m in measures for r in m.runs if r is not reference]
     bad_state = [name for name, r in others if not identical(reference.state, r.state)]
@@ -264,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                               "setup_s": [r.setup for r in m.runs]} for m in measures},
             "overhead": overhead, "overhead_pass": ok_overhead,
             "speedup": speedup, "speedup_pass": ok_speedup, "ceiling": ceiling,
+            "cpu_s_per_round": {m.name: m.cpu for m in (x1, x2)},
+            "cores": {m.name: m.cores for m in (x1, x2)}, "bound_2_over_x1_cores": bound,
             "bit_identical": not bad_state, "metrics_identical": not bad_metrics,
         }
         with open(args.json, "w") as f:
