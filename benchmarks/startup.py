@@ -2,8 +2,8 @@
 
 The workload is the README's table with three seeds: digits-style, every held-out domain x seeds
 0, 1, 2 (12 federations), FedAvg, the dataset's defaults, raydg's default concurrency (the
-machine's CPUs shared among the federations that run at once). It runs three times in one
-script run, each through :func:`raydg.experiment.run_experiment`:
+machine's CPUs shared among the federations that run at once). It runs three ways in one
+script run (``--variants`` picks some), each through :func:`raydg.experiment.run_experiment`:
 
 * ``fresh``: ``reuse_actors=False``, its own local Ray: every federation starts its own driver
   and client actors (torch imported, model built, first round in a cold process), as before
