@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--method", default="fedavg")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
+    variants = list(dict.fromkeys(args.variants))  # each once, in the order given
     out: dict[str, dict[str, Any]] = {}
     results: dict[str, ExperimentResult] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                          rounds=args.rounds, tracking_uri=f"sqlite:///{tmp}/mlflow.db",
                          storage=f"{tmp}/results")
         check_store(base.tracking_uri)  # a new store's schema, made once, is no run's start-up
-        for name in args.variants:
+        for name in variants:
             reuse, ray_up = VARIANTS[name]
             if ray_up:
                 start = time.perf_counter()
@@ -112,14 +113,18 @@ def main(argv: list[str] | None = None) -> int:
                   + f" (goal <= {FIRST_ROUND_GOAL})")
     if {"fresh", "reused"} <= out.keys():
         print(f"wall fresh / reused: {out['fresh']['wall_s'] / out['reused']['wall_s']:.2f}x")
-    first, *others = args.variants
+    first, *others = variants
     bad = [f"{name}: {a.target} seed={a.seed}" for name in others
            for a, b in zip(results[first].runs, results[name].runs, strict=True)
            if timing_free(a.history) != timing_free(b.history) or not all(
                np.array_equal(a.global_state[k], b.global_state[k]) for k in a.global_state)]
-    print(f"MISMATCH: {', '.join(bad)}" if bad else
-          f"results: bit-identical for all {len(results[first].runs)} federations, "
-          f"{len(args.variants)} runs")
+    if bad:
+        print(f"MISMATCH: {', '.join(bad)}")
+    elif others:
+        print(f"results: bit-identical for all {len(results[first].runs)} federations, "
+              f"{len(variants)} runs")
+    else:
+        print("results: one run, nothing to compare")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
