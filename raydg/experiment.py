@@ -191,6 +191,8 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     cache = cache_root(base.cache_dir) if base.cache else None
     data = load_dataset(base.dataset, base.data_root, base.image_size, base.skip_bad_images, say,
                         cache)
+    for key, value in data.provenance.items():
+        say(f"raydg: {data.name} {key}: {value}")
     for warning in check_federations(plan, data):
         out(f"raydg: warning: {warning}")
     weights = starting_weights(plan, data, cache_root(base.cache_dir), say)
@@ -205,6 +207,8 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
             write_manifest(directory, {"run_id": tracker.run_id, "config": to_dict(cfg),
                                        "search": dataclasses.asdict(plan.search)})
             tracker.set_tag("raydg.experiment_dir", directory)
+            for key, value in data.provenance.items():
+                tracker.set_tag(f"raydg.data.{key}", value)
         feds = fit_actors(plan, lambda c: c.clients or sources, local, say)
         settings = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
         say(f"raydg: {plan.label} on {base.dataset}, targets {plan.targets}, seeds "

@@ -64,6 +64,26 @@ def small_cnn(spec: ModelSpec, width: int = 16) -> FeatureClassifier:
     return FeatureClassifier(features, 4 * w, spec.num_classes)
 
 
+@MODELS.register("mnist-cnn")
+def mnist_cnn(spec: ModelSpec) -> FeatureClassifier:
+    """The standard MNIST CNN of the Rotated MNIST DG lineage (CSAC §4.1: "two convolution
+    layers and two fully-connected layers", after MTAE and DGER): the LeNet variant of
+    CrossGrad's code (Shankar et al., ICLR 2018; vihari/crossgrad ``nets/lenet.py``), whose
+    Rotated MNIST row CSAC's Table 3 cites. conv 5x5, 32 (same padding), ReLU, max-pool 2;
+    conv 5x5, 64, ReLU, max-pool 2; fc 1024, ReLU, dropout 0.5; fc to the classes. At 28x28:
+    3,274,634 parameters. Weights start from PyTorch's default initialisation (the TF code draws
+    a truncated normal with std 0.1); no batch normalisation."""
+    side = spec.image_size // 4
+    features = nn.Sequential(
+        nn.Conv2d(spec.in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+        nn.Linear(64 * side * side, 1024), nn.ReLU(), nn.Dropout(0.5),
+    )
+    if spec.weights is not None:
+        load_backbone(features, spec.weights)
+    return FeatureClassifier(features, 1024, spec.num_classes)
+
+
 def imagenet_weights(arch: str) -> dict[str, Tensor]:
     """torchvision's ImageNet weights of ``arch`` from its cache, downloading them if needed."""
     import torchvision

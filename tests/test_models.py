@@ -7,6 +7,7 @@ import urllib.error
 import pytest
 import torch
 import torchvision
+from torch import nn
 
 from raydg.config import RunConfig
 from raydg.errors import RaydgError
@@ -102,3 +103,20 @@ def test_a_run_without_weights_stops_before_ray_starts(tmp_path, monkeypatch):
     assert result.exit_code == 2
     assert "raydg: error: ImageNet weights of resnet18" in result.output
     assert not ray.is_initialized()
+
+
+def test_mnist_cnn_has_crossgrads_lenet_layers():
+    """CrossGrad's nets/lenet.py: conv 5x5x32 (same), pool 2, conv 5x5x64 (same), pool 2,
+    fc 1024, dropout, fc to the classes; its parameters counted by hand at 28x28."""
+    model = build_model(ModelSpec("mnist-cnn", 1, 10, 28))
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    assert shapes == [(32, 1, 5, 5), (32,), (64, 32, 5, 5), (64,), (1024, 7 * 7 * 64), (1024,),
+                      (10, 1024), (10,)]
+    by_hand = (25 * 32 + 32) + (25 * 32 * 64 + 64) + (3136 * 1024 + 1024) + (1024 * 10 + 10)
+    assert sum(p.numel() for p in model.parameters()) == by_hand == 3_274_634
+    x = torch.randn(3, 1, 28, 28)
+    assert model.features(x).shape == (3, 1024) and model(x).shape == (3, 10)
+    model.eval()  # dropout is the only stochastic layer
+    torch.testing.assert_close(model(x), model(x))
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert build_model(ModelSpec("mnist-cnn", 3, 7, 32)).features[7].in_features == 64 * 8 * 8

@@ -59,6 +59,8 @@ class MultiDomainDataset:
     domains: list[Domain]
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    # where the images came from, printed and logged to MLflow (e.g. source, fingerprint)
+    provenance: dict[str, str] = field(default_factory=dict)
 
     @property
     def channels(self) -> int:
@@ -108,6 +110,7 @@ class DatasetSpec:
     load: Callable[[LoadRequest], MultiDomainDataset]
     description: str
     needs_root: bool = False
+    optional_root: bool = False  # reads a data root when one is given, else data it ships
     folder: str = ""  # the dataset's folder under the data root (what the cache key covers)
     source: DataSource | None = None  # None: no public download is known
     expected: tuple[int, ...] | None = None  # images per domain, checked by ``raydg data check``
@@ -170,9 +173,13 @@ def missing_classes(data: MultiDomainDataset) -> list[str]:
 
 
 def resolve_root(spec: DatasetSpec, data_root: str | None) -> Path | None:
-    if not spec.needs_root:
+    """The data root (``data_root``, else ``$RAYDG_DATA_ROOT``): None for an embedded dataset,
+    and for one with an optional root when none is given."""
+    if not (spec.needs_root or spec.optional_root):
         return None
     root = data_root or os.environ.get(DATA_ROOT_ENV)
+    if not root and spec.optional_root:
+        return None
     if not root:
         raise RaydgError(
             f"{spec.name} needs its data: pass --data-root DIR or set {DATA_ROOT_ENV}"

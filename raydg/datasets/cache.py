@@ -49,7 +49,7 @@ def load(entry: Path) -> MultiDomainDataset | None:
     domains = [Domain(d, np.load(entry / f"{i}_x.npy", mmap_mode="r"),
                       np.load(entry / f"{i}_y.npy")) for i, d in enumerate(meta["domains"])]
     return MultiDomainDataset(meta["name"], meta["classes"], domains, tuple(meta["mean"]),
-                              tuple(meta["std"]))
+                              tuple(meta["std"]), meta.get("provenance", {}))
 
 
 def _remove_orphans(folder: Path) -> None:
@@ -73,7 +73,8 @@ def store(entry: Path, data: MultiDomainDataset) -> None:
             np.save(tmp / f"{i}_x.npy", np.ascontiguousarray(d.x))
             np.save(tmp / f"{i}_y.npy", d.y)
         meta = {"name": data.name, "classes": data.classes, "mean": list(data.mean),
-                "std": list(data.std), "domains": data.domain_names}
+                "std": list(data.std), "domains": data.domain_names,
+                "provenance": data.provenance}
         (tmp / "meta.json").write_text(json.dumps(meta))
         tmp.rename(entry)
     except BaseException as err:  # Ctrl-C included: never leave the temporary folder

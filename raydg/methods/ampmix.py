@@ -188,9 +188,14 @@ class AmpMix(Method):
         if BANK not in ctx.memory:
             raise RaydgError(f"ampmix: client {ctx.client_id} has no amplitude bank "
                              "(the setup phase did not run)")
-        ctx.train_inputs = Mixer(ctx.train_inputs, ctx.memory[BANK], ctx.client_id,
-                                 self.options, _rng(ctx), ctx.device)
+        ctx.train_inputs = self.training_inputs(Mixer(
+            ctx.train_inputs, ctx.memory[BANK], ctx.client_id, self.options, _rng(ctx),
+            ctx.device))
         super().start_round(ctx)
+
+    def training_inputs(self, mixer: Mixer) -> Callable[[np.ndarray], Any]:
+        """What a round's batches carry: the mixed images (ELCFS: both views)."""
+        return mixer
 
 
 def _rng(ctx: ClientContext) -> np.random.Generator:

@@ -14,7 +14,7 @@
    strategies ``equal`` and ``similarity`` = inverse L2). Sample counts play no part.
 3. Cross-layer semantic calibration (§3.5, Eq. 5-11), the round's local training: the fused
    model M and the frozen L^h see the same batch; the outputs of the semantic layers R (ResNet:
-   layer2-4; the digits CNN: its last two conv blocks, ``layers``) are projected by one conv
+   layer2-4; a plain CNN: its last two conv blocks, ``layers``) are projected by one conv
    each to ``proj_channels`` x the last layer's spatial size, M's and L^h's by separate
    projections that belong to M (trained and fused with it; ``freeze_local_projection`` keeps
    L^h's at their initial weights, so that the alignment cannot vanish by shrinking both
@@ -101,12 +101,15 @@ def semantic_aggregate(states: list[st.State], distance: str) -> tuple[st.State,
 # ---------------------------------------------------------------------- calibration (Eq. 5-11)
 def semantic_layers(model: nn.Module, count: int) -> list[str]:
     """Module names of the last ``count`` semantic layers: ResNet blocks layer1-4, or the ReLU
-    outputs of the digits CNN's conv blocks."""
+    outputs of a plain CNN's conv blocks (a ReLU after a conv or a BN; not after a linear)."""
     features = model.features
     if hasattr(features, "layer4"):
         names = [f"features.layer{i}" for i in range(1, 5)]
     else:
-        names = [f"features.{n}" for n, m in features.named_children() if isinstance(m, nn.ReLU)]
+        children = list(features.named_children())
+        pairs = zip(children[1:], children[:-1], strict=True)
+        names = [f"features.{n}" for (n, m), (_, before) in pairs
+                 if isinstance(m, nn.ReLU) and isinstance(before, nn.Conv2d | nn.BatchNorm2d)]
     if not 1 <= count <= len(names):
         raise RaydgError(f"csac: layers must be between 1 and {len(names)} for this model")
     return names[-count:]
