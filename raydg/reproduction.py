@@ -1,0 +1,210 @@
+"""A published table beside raydg's, from per-run rows kept in the repository.
+
+``export_rows`` reads the finished federations of an MLflow store that ran a paper config's
+protocol into per-run rows; ``write_rows``/``read_rows`` keep them as CSV (the file committed
+under ``docs/reproduction-rows/``); ``page`` turns rows and the config's ``paper`` section into
+a Markdown page. The page is a pure function of the rows and the config, so the committed page
+can be checked against the committed rows. Like :mod:`raydg.report`, this module reads stored
+results only and imports no engine module.
+
+Statistics: per (method, target), the mean and sample standard deviation over seeds; ``Avg``
+averages the six targets within each seed that has all of them, then over those seeds. A goal
+is judged only on the paper's full design (every target with ``seeds`` seeds); before that a
+row says how many federations it still lacks.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raydg.errors import RaydgError
+
+SELECTIONS = ("oracle", "selected", "last")
+COLUMNS = ("method", "variant", "target", "seed", "selected", "last", "oracle",
+           "selected_round", "steps_per_client", "options", "fingerprint")
+SELECTION_TEXT = {
+    "oracle": "the round with the best target accuracy: the paper's selection (CSAC's code "
+              "reads the target every round), an upper bound, not a result",
+    "selected": "the round with the best mean source-validation accuracy (training-domain "
+                "validation: nothing is chosen on the target)",
+    "last": "the last round",
+}
+
+
+@dataclass(frozen=True)
+class Goal:
+    """Tolerances in accuracy points: the row's Avg, and every cell."""
+
+    avg: float
+    cell: float
+
+
+def protocol_mismatch(params: dict[str, str], config: dict[str, Any]) -> list[str]:
+    """The config's top-level keys whose value a run's params do not have."""
+    skip = {"method", "target", "seeds", "method_options", "paper", "extends"}
+    return [k for k, v in config.items() if k not in skip and params.get(k) != str(v)]
+
+
+def export_rows(runs: Sequence[Any], config: dict[str, Any], fingerprints: dict[str, str],
+                variant: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Rows of the finished runs (:class:`raydg.report.Run`) that ran ``config``'s protocol,
+    or the protocol with ``variant``'s keys changed (an ablation, labelled so in its rows),
+    with the fingerprint of their images (by run id); a run that differs elsewhere is an
+    error naming the keys."""
+    variant = variant or {}
+    rows = []
+    for r in runs:
+        if r.status != "FINISHED":
+            continue
+        bad = protocol_mismatch(r.params, {**config, **variant})
+        if bad:
+            raise RaydgError(f"run {r.run_id} ({r.method} {r.target} seed {r.seed}) differs from "
+                             f"the config in {bad[:3]}: keep it out (--experiment), or name "
+                             "the change as a variant")
+        rows.append({
+            "method": r.method, "variant": " ".join(f"{k}={v}" for k, v in variant.items()),
+            "target": r.target, "seed": r.seed,
+            **{s: round(r.accuracy(s), 4) for s in SELECTIONS},
+            "selected_round": int(r.metrics["selected_round"]),
+            "steps_per_client": int(r.metrics["steps_per_client"]),
+            "options": " ".join(f"{k[8:]}={v}" for k, v in r.options()),
+            "fingerprint": fingerprints.get(r.run_id, ""),
+        })
+    return rows
+
+
+def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``old`` plus the rows of ``new`` whose (method, variant, target, seed) it lacks,
+    sorted."""
+    key = lambda r: (r["method"], r["variant"], r["target"], int(r["seed"]))  # noqa: E731
+    have = {key(r) for r in old}
+    return sorted(old + [r for r in new if key(r) not in have], key=key)
+
+
+def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for key in ("seed", "selected_round", "steps_per_client"):
+            r[key] = int(r[key])
+        for s in SELECTIONS:
+            r[s] = float(r[s])
+    return rows
+
+
+def cells(rows: list[dict[str, Any]], method: str, targets: Sequence[str], selection: str,
+          variant: str = "") -> dict[str, tuple[float, float, int]]:
+    """(mean, std, seeds) per target and ``Avg`` (over the seeds that have every target)."""
+    mine = [r for r in rows if r["method"] == method and r["variant"] == variant]
+    out = {}
+    for t in targets:
+        acc = [r[selection] for r in mine if r["target"] == t]
+        if acc:
+            out[t] = _mean_std(acc)
+    by_seed: dict[int, dict[str, float]] = {}
+    for r in mine:
+        by_seed.setdefault(r["seed"], {})[r["target"]] = r[selection]
+    avg = [np.mean([s[t] for t in targets]) for s in by_seed.values() if set(targets) <= set(s)]
+    if avg:
+        out["Avg"] = _mean_std(avg)
+    return out
+
+
+def _cell(value: tuple[float, float, int] | None) -> str:
+    if value is None:
+        return "—"
+    mean, std, n = value
+    return f"{mean:.2f} ({n})" if n == 1 else f"{mean:.2f} ± {std:.2f} ({n})"
+
+
+def _diff(value: tuple[float, float, int] | None, reference: float | None) -> str:
+    return "—" if value is None or reference is None else f"{value[0] - reference:+.2f}"
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float, int]:
+    a = np.asarray(values, dtype=np.float64)
+    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0, len(a)
+
+
+def verdict(measured: dict[str, tuple[float, float, int]], paper: dict[str, float],
+            targets: Sequence[str], seeds: int, goal: Goal) -> str:
+    """Whether the row meets ``goal`` on the paper's full design, or what it still lacks."""
+    missing = sum(max(0, seeds - measured.get(t, (0, 0, 0))[2]) for t in targets)
+    if missing:
+        return f"not judged: {missing} of {seeds * len(targets)} federations still to run"
+    gaps = {c: measured[c][0] - paper[c] for c in (*targets, "Avg")}
+    worst = max(targets, key=lambda t: abs(gaps[t]))
+    ok = abs(gaps["Avg"]) <= goal.avg and abs(gaps[worst]) <= goal.cell
+    return (f"{'met' if ok else 'missed'}: Avg {gaps['Avg']:+.2f} (goal ±{goal.avg:g}), worst "
+            f"cell {worst} {gaps[worst]:+.2f} (goal ±{goal.cell:g})")
+
+
+def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
+         goals: dict[str, Goal], seeds: int, source: str, command: str, protocol: str) -> str:
+    """The Markdown page: per selection, the paper's rows and raydg's; the goals; then each
+    ablation (a variant of the protocol) beside the row it changes."""
+    targets = [c for c in next(iter(paper["accuracy"].values())) if c != "Avg"]
+    columns = [*targets, "Avg"]
+    prints = sorted({r["fingerprint"] for r in rows} - {""})
+    n = len(rows)
+    lines = [f"# Reproduction: {paper['source']}", "",
+             f"Generated by `{command}` from `{source}` ({n} federation{'s' * (n != 1)}); do not "
+             f"edit by hand. Protocol: `{protocol}`, which lists the paper's values and raydg's "
+             "choices where the paper is silent.", ""]
+    if prints:
+        lines += [f"Images: fingerprint {', '.join(prints)}.", ""]
+    header = ["| row | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for selection in SELECTIONS[:2]:
+        lines += [f"## {selection.capitalize()} round", "", f"Model selection: "
+                  f"{SELECTION_TEXT[selection]}. Cells: mean ± std over seeds (seeds).", "",
+                  *header]
+        for method, published in paper["accuracy"].items():
+            got = cells(rows, method, targets, selection)
+            name = names.get(method, method)
+            lines.append(f"| {name}, paper | " + " | ".join(
+                f"{published[c]:.2f}" for c in columns) + " |")
+            lines.append(f"| {name}, raydg | " + " | ".join(
+                _cell(got.get(c)) for c in columns) + " |")
+            lines.append("| raydg - paper | " + " | ".join(
+                _diff(got.get(c), published[c]) for c in columns) + " |")
+        lines.append("")
+    lines += ["## Goals (at the paper's selection)", ""]
+    for method, published in paper["accuracy"].items():
+        got = cells(rows, method, targets, paper["selection"])
+        lines.append(f"- {names.get(method, method)}: "
+                     f"{verdict(got, published, targets, seeds, goals[method])}")
+    variants = sorted({(r["method"], r["variant"]) for r in rows if r["variant"]})
+    if variants:
+        lines += ["", "## Ablations (settings that are not the paper's)", "",
+                  "Each row changes the protocol in the settings named in brackets; beside it, "
+                  "the same method under the protocol. Cells: mean ± std over seeds (seeds).",
+                  ""]
+        for selection in SELECTIONS[:2]:
+            lines += [f"{selection.capitalize()} round:", "", *header]
+            for method, variant in variants:
+                name = names.get(method, method)
+                base = cells(rows, method, targets, selection)
+                got = cells(rows, method, targets, selection, variant)
+                lines.append(f"| {name} [{variant}] | " + " | ".join(
+                    _cell(got.get(c)) for c in columns) + " |")
+                lines.append(f"| {name} | " + " | ".join(
+                    _cell(base.get(c)) for c in columns) + " |")
+                lines.append(f"| [{variant}] - protocol | " + " | ".join(
+                    _diff(got.get(c), base[c][0] if c in base else None) for c in columns)
+                    + " |")
+            lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"

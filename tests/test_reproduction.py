@@ -1,0 +1,104 @@
+"""The published-table page: statistics by hand, the goal's verdicts, protocol checks on
+export, and the committed page against what the command prints from the committed rows."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from raydg.errors import RaydgError
+from raydg.report import Run
+from raydg.reproduction import (
+    Goal,
+    cells,
+    export_rows,
+    merge,
+    page,
+    read_rows,
+    verdict,
+    write_rows,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ["M0", "M15"]
+
+
+def _row(method, target, seed, acc):
+    return {"method": method, "variant": "", "target": target, "seed": seed, "selected": acc - 1,
+            "last": acc - 2, "oracle": acc, "selected_round": 3, "steps_per_client": 70,
+            "options": "", "fingerprint": "abc"}
+
+
+def test_cells_are_means_and_sample_stds_and_avg_uses_complete_seeds_only():
+    rows = [_row("fedavg", "M0", 0, 80.0), _row("fedavg", "M0", 1, 84.0),
+            _row("fedavg", "M15", 0, 98.0), _row("fedavg", "M15", 1, 96.0),
+            _row("fedavg", "M0", 2, 90.0), _row("csac", "M0", 0, 10.0)]  # seed 2 lacks M15
+    got = cells(rows, "fedavg", TARGETS, "oracle")
+    assert got["M0"] == pytest.approx((84.666666, np.std([80, 84, 90], ddof=1), 3))
+    assert got["M15"] == pytest.approx((97.0, np.sqrt(2.0), 2))
+    # Avg per seed over both targets: seed 0 89, seed 1 90 (seed 2 is incomplete)
+    assert got["Avg"] == pytest.approx((89.5, np.sqrt(0.5), 2))
+    assert cells(rows, "fedavg", TARGETS, "selected")["M15"][0] == pytest.approx(96.0)
+    assert "Avg" not in cells(rows, "csac", TARGETS, "oracle")
+
+
+def test_verdicts_wait_for_the_full_design_then_apply_both_tolerances():
+    paper = {"M0": 80.0, "M15": 98.0, "Avg": 89.0}
+    rows = [_row("fedavg", t, s, paper[t] + d) for s in range(2) for t, d in
+            (("M0", 2.0), ("M15", -1.0))]
+    got = cells(rows, "fedavg", TARGETS, "oracle")
+    assert verdict(got, paper, TARGETS, 3, Goal(1.0, 2.5)).startswith(
+        "not judged: 2 of 6 federations")
+    assert verdict(got, paper, TARGETS, 2, Goal(1.0, 2.5)) == (
+        "met: Avg +0.50 (goal ±1), worst cell M0 +2.00 (goal ±2.5)")
+    assert verdict(got, paper, TARGETS, 2, Goal(0.4, 2.5)).startswith("missed: Avg +0.50")
+    assert verdict(got, paper, TARGETS, 2, Goal(1.0, 1.5)).startswith("missed")
+
+
+def _run(status="FINISHED", **params):
+    base = {"dataset": "rotmnist", "rounds": "40", "model": "mnist-cnn"}
+    return Run("r1", status, "fedavg", "M0", 0, "global", {**base, **params},
+               {"final/target_acc_oracle/global": 0.9, "final/target_acc_selected/global": 0.8,
+                "final/target_acc_last/global": 0.85, "selected_round": 7,
+                "steps_per_client": 2800})
+
+
+def test_export_keeps_finished_runs_of_the_protocol_and_refuses_others(tmp_path):
+    config = {"dataset": "rotmnist", "rounds": 40, "model": "mnist-cnn", "seeds": [0, 1]}
+    rows = export_rows([_run(), _run("RUNNING")], config, {"r1": "f00d"})
+    assert rows == [{"method": "fedavg", "variant": "", "target": "M0", "seed": 0,
+                     "selected": 80.0,
+                     "last": 85.0, "oracle": 90.0, "selected_round": 7,
+                     "steps_per_client": 2800, "options": "", "fingerprint": "f00d"}]
+    with pytest.raises(RaydgError, match=r"differs from the config in \['model'\]"):
+        export_rows([_run(model="cnn")], config, {})
+    ablation = export_rows([_run(model="cnn")], config, {}, {"model": "cnn"})
+    assert ablation[0]["variant"] == "model=cnn"  # named as the ablation it is
+    with pytest.raises(RaydgError, match=r"in \['model'\]"):  # the protocol's run is not one
+        export_rows([_run()], config, {}, {"model": "cnn"})
+    path = tmp_path / "rows.csv"
+    write_rows(path, merge(rows, [{**rows[0], "oracle": 1.0}]))  # a row already there is kept
+    assert read_rows(path) == rows
+
+
+def test_the_page_labels_ablations_beside_the_protocols_row():
+    paper = {"source": "T", "selection": "oracle",
+             "accuracy": {"fedavg": {"M0": 80.0, "M15": 98.0, "Avg": 89.0}}}
+    rows = [_row("fedavg", "M0", 0, 82.0), {**_row("fedavg", "M0", 0, 70.0),
+                                            "variant": "model=cnn"}]
+    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, 5, "rows.csv",
+                "cmd", "cfg.yaml")
+    assert "| FedAvg*, raydg | 82.00 (1) | — | — |" in text  # the ablation stays out of it
+    assert "| FedAvg* [model=cnn] | 70.00 (1) | — | — |" in text
+    assert "| [model=cnn] - protocol | -12.00 | — | — |" in text
+    assert "- FedAvg*: not judged: 9 of 10 federations still to run" in text
+
+
+def test_the_committed_page_is_what_the_rows_give():
+    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks/reproduce.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (ROOT / module.PAGE).read_text() == module.render()
