@@ -159,6 +159,11 @@ def has_pretrained(name: str) -> bool:
     return name.lower() in IMAGENET_WEIGHTS
 
 
+def has_batchnorm(name: str) -> bool:
+    """Whether backbone ``name`` has BatchNorm layers (built once, small, on the CPU)."""
+    return bool(bn_keys(MODELS.get(name)(ModelSpec(name, 3, 2, 32))))
+
+
 def build_model(spec: ModelSpec) -> FeatureClassifier:
     return MODELS.get(spec.name)(spec)
 

@@ -20,7 +20,7 @@ from raydg.config import RunConfig, Search, apply, setting_label
 from raydg.datasets import DATASETS, MultiDomainDataset
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, Method, method_class
-from raydg.models import IMAGENET, has_pretrained
+from raydg.models import IMAGENET, has_batchnorm, has_pretrained
 from raydg.partition import MIN_CLIENT_SAMPLES, plan_clients
 from raydg.transforms import TRANSFORMS
 
@@ -72,6 +72,9 @@ def resolve(cfg: RunConfig) -> RunConfig:
     if "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())
     cfg = dataclasses.replace(cfg, storage=storage)
+    _check(not cls.needs_batchnorm or has_batchnorm(cfg.model),
+           f"{method_label(cfg)} acts on BatchNorm layers and model {cfg.model} has none; "
+           "choose a model with BatchNorm (cnn, resnet18, resnet50)")
     validate(cfg)
     return cfg
 

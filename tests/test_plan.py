@@ -199,3 +199,13 @@ def test_cosine_learning_rate_anneals_over_the_rounds():
     assert learning_rate(RunConfig(lr=0.1, rounds=4), 3) == 0.1
     with pytest.raises(RaydgError, match="lr_schedule must be one of"):
         resolve(RunConfig(lr_schedule="step"))
+
+
+@pytest.mark.parametrize("method", ["fedbn", "silobn", "fedfd", "fedfd-a", "gperxan"])
+def test_methods_that_act_on_batchnorm_refuse_a_model_without_it(method):
+    with pytest.raises(RaydgError, match=f"{method} acts on BatchNorm layers and model "
+                                         "mnist-cnn has none"):
+        resolve(RunConfig(dataset="rotmnist", method=method, model="mnist-cnn"))
+    assert resolve(RunConfig(dataset="rotmnist", method=method, model="cnn")).model == "cnn"
+    for fine in ("fedavg", "csac", "elcfs", "fedsr"):
+        assert resolve(RunConfig(dataset="rotmnist", method=fine)).model == "mnist-cnn"

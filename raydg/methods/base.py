@@ -167,6 +167,9 @@ class Method:
     client_selection: ClassVar[bool] = False
     # what to try when the training loss stays at chance level, in the method's terms
     collapse_hint: ClassVar[str] = ""
+    # acts on the model's BatchNorm layers (keeps them local, mixes or replaces them): a model
+    # without any is refused before Ray starts, instead of running a degenerate FedAvg
+    needs_batchnorm: ClassVar[bool] = False
 
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()

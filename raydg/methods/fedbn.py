@@ -18,6 +18,7 @@ class FedBN(Method):
 
     name = "fedbn"
     paper = "Li et al., ICLR 2021"
+    needs_batchnorm = True
 
     def local_keys(self, model: nn.Module) -> set[str]:
         return bn_keys(model)

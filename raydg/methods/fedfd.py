@@ -213,6 +213,7 @@ class FedFD(Method):
     Options = FedFDOptions
     paper = "Yang et al., FedFD-A Eq. (2)-(5); FedIG Eq. (3)-(6)"
     uses_adapter = False
+    needs_batchnorm = True  # mixed-statistics BN (Eq. 2)
     client_selection = True  # FedFD-A §4.1, FedIG-A A.2
     collapse_hint = ("For fedfd/fedfd-a this is CAFL (lambda2 x the sum over feature "
                      "dimensions, Eq. 3) outweighing the cross-entropy of a model trained from "

@@ -19,6 +19,7 @@ class SiloBN(Method):
 
     name = "silobn"
     paper = "Andreux et al., MICCAI DART 2020"
+    needs_batchnorm = True
 
     def local_keys(self, model: nn.Module) -> set[str]:
         return {k for k in model.state_dict() if state.is_bn_statistic(k)}
