@@ -66,10 +66,12 @@ def small_cnn(spec: ModelSpec, width: int = 16) -> FeatureClassifier:
 
 @MODELS.register("mnist-cnn")
 def mnist_cnn(spec: ModelSpec) -> FeatureClassifier:
-    """The standard MNIST CNN of the Rotated MNIST DG lineage (CSAC §4.1: "two convolution
-    layers and two fully-connected layers", after MTAE and DGER): the LeNet variant of
-    CrossGrad's code (Shankar et al., ICLR 2018; vihari/crossgrad ``nets/lenet.py``), whose
-    Rotated MNIST row CSAC's Table 3 cites. conv 5x5, 32 (same padding), ReLU, max-pool 2;
+    """Two conv and two fully-connected layers, no BN: the MNIST CNN of Rotated MNIST papers.
+
+    CSAC §4.1's "standard MNIST CNN architecture with two convolution layers and two
+    fully-connected layers" (after MTAE and DGER), with the layer sizes of CrossGrad's LeNet
+    variant (Shankar et al., ICLR 2018; vihari/crossgrad ``nets/lenet.py``), whose Rotated
+    MNIST row CSAC's Table 3 cites. conv 5x5, 32 (same padding), ReLU, max-pool 2;
     conv 5x5, 64, ReLU, max-pool 2; fc 1024, ReLU, dropout 0.5; fc to the classes. At 28x28:
     3,274,634 parameters. Weights start from PyTorch's default initialisation (the TF code draws
     a truncated normal with std 0.1); no batch normalisation."""

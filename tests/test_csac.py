@@ -144,6 +144,21 @@ def test_projections_bring_resnet18_layers_to_32x7x7():
         (2, 32, 7, 7)] * 3
 
 
+def test_the_mnist_cnn_aligns_its_two_conv_layers_projected_to_the_last_ones_size():
+    """§4.1: "the last two convolution layers of MNIST CNN" (32 x 28 x 28 and 64 x 14 x 14 at
+    28 px, after their ReLUs), never the fully-connected layer's ReLU."""
+    model = _method().build_model(ModelSpec("mnist-cnn", 1, 10, 28))
+    calib = model.calibration
+    assert calib.layers == ["features.1", "features.4"]
+    assert [p.kernel_size for p in calib.fused] == [(3, 3), (1, 1)]  # 28 -> 14 -> 14
+    model.eval()
+    with torch.no_grad():
+        _, feats = tapped(model, calib.layers, torch.zeros(2, 1, 28, 28))
+    assert [tuple(f.shape) for f in feats] == [(2, 32, 28, 28), (2, 64, 14, 14)]
+    assert [tuple(p(f).shape) for p, f in zip(calib.local, feats, strict=True)] == [
+        (2, 32, 14, 14)] * 2
+
+
 def _host(**options):
     cfg = tiny_config(dataset="digits-rot", target="M75", method="csac", local_steps=3,
                       options={"acquire_steps": 4, **options})
