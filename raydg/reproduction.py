@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from raydg.errors import RaydgError
+from raydg.results import paired_difference
 
 SELECTIONS = ("oracle", "selected", "last")
 COLUMNS = ("method", "variant", "target", "seed", "selected", "last", "oracle",
@@ -153,10 +154,34 @@ def verdict(measured: dict[str, tuple[float, float, int]], paper: dict[str, floa
             f"cell {worst} {gaps[worst]:+.2f} (goal ±{goal.cell:g})")
 
 
+def others_section(rows: list[dict[str, Any]], methods: list[str], targets: Sequence[str],
+                   names: dict[str, str], baseline: str = "fedavg") -> list[str]:
+    """Methods the paper does not report, on its protocol: cells at the selected round and
+    the paired difference to ``baseline`` with its 95 % interval over seeds."""
+    plain = [{**r, "accuracy": r["selected"]} for r in rows if not r["variant"]]
+    columns = [*targets, "Avg"]
+    lines = ["## Other methods on the same protocol", "",
+             f"Selected round (training-domain validation). The last column is the paired "
+             f"difference to {names.get(baseline, baseline)}: per seed, the mean over the "
+             "targets both ran of (method - baseline), then the mean over those seeds ± the "
+             "half-width of its 95 % t-interval (seeds).", "",
+             "| method | " + " | ".join(columns) + f" | vs {names.get(baseline, baseline)} |",
+             "|---|" + "---|" * (len(columns) + 1)]
+    for method in methods:
+        got = cells(rows, method, targets, "selected")
+        mean, half, n = paired_difference(plain, method, baseline)
+        versus = "—" if n == 0 else (f"{mean:+.2f} ({n})" if n == 1 else
+                                     f"{mean:+.2f} ± {half:.2f} ({n})")
+        lines.append(f"| {names.get(method, method)} | " + " | ".join(
+            _cell(got.get(c)) for c in columns) + f" | {versus} |")
+    return lines
+
+
 def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
          goals: dict[str, Goal], seeds: int, source: str, command: str, protocol: str) -> str:
-    """The Markdown page: per selection, the paper's rows and raydg's; the goals; then each
-    ablation (a variant of the protocol) beside the row it changes."""
+    """The Markdown page: per selection, the paper's rows and raydg's; the goals; the methods
+    the paper does not report, against FedAvg; then each ablation (a variant of the
+    protocol) beside the row it changes."""
     targets = [c for c in next(iter(paper["accuracy"].values())) if c != "Avg"]
     columns = [*targets, "Avg"]
     prints = sorted({r["fingerprint"] for r in rows} - {""})
@@ -187,6 +212,9 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
         got = cells(rows, method, targets, paper["selection"])
         lines.append(f"- {names.get(method, method)}: "
                      f"{verdict(got, published, targets, seeds, goals[method])}")
+    others = sorted({r["method"] for r in rows if not r["variant"]} - set(paper["accuracy"]))
+    if others:
+        lines += ["", *others_section(rows, others, targets, names)]
     variants = sorted({(r["method"], r["variant"]) for r in rows if r["variant"]})
     if variants:
         lines += ["", "## Ablations (settings that are not the paper's)", "",

@@ -102,3 +102,18 @@ def test_the_committed_page_is_what_the_rows_give():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert (ROOT / module.PAGE).read_text() == module.render()
+
+
+def test_other_methods_get_a_paired_difference_to_fedavg_over_seeds():
+    paper = {"source": "T", "selection": "oracle",
+             "accuracy": {"fedavg": {"M0": 80.0, "M15": 98.0, "Avg": 89.0}}}
+    base = {(0, "M0"): 80.0, (0, "M15"): 94.0, (1, "M0"): 82.0, (1, "M15"): 96.0}
+    gain = {0: 1.0, 1: 3.0}  # fedprox's per-seed gain, the same on both targets
+    rows = [_row("fedavg", t, s, acc + 1) for (s, t), acc in base.items()]  # selected = acc
+    rows += [_row("fedprox", t, s, acc + 1 + gain[s]) for (s, t), acc in base.items()]
+    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, 5, "r.csv", "c",
+                "p.yaml")
+    half = 12.706 * np.std([1.0, 3.0], ddof=1) / np.sqrt(2)  # t(0.975, 1 dof)
+    # fedprox: M0 81, 85; M15 95, 99; Avg per seed 88, 92
+    assert f"| fedprox | 83.00 ± 2.83 (2) | 97.00 ± 2.83 (2) | 90.00 ± 2.83 (2) | +2.00 ± " \
+        f"{half:.2f} (2) |" in text
