@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from raydg import config as config_mod
@@ -43,9 +44,29 @@ def render() -> str:
                 "python benchmarks/reproduce.py page", str(CONFIG))
 
 
+def protocol(values: dict[str, object]) -> Callable[[str], dict[str, str]]:
+    """method -> every result-relevant MLflow param of the config resolved for it."""
+    from raydg.config import NOT_RESULTS, RunConfig
+    from raydg.plan import resolve
+    from raydg.report import ROW_KEYS
+    from raydg.tracking import flat_params
+
+    keys = {k: v for k, v in values.items() if k not in config_mod.FILE_SECTIONS}
+
+    def expected(method: str) -> dict[str, str]:
+        params = flat_params(resolve(RunConfig(**{**keys, "method": method})))
+        return {k: v for k, v in params.items() if k not in ROW_KEYS and k not in NOT_RESULTS
+                and k != "method_options"}  # compared as the resolved options.* instead
+
+    return expected
+
+
 def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
+    import dataclasses
+
     from mlflow import MlflowClient
 
+    from raydg.config import RunConfig
     from raydg.report import find_runs
 
     client = MlflowClient(tracking_uri)
@@ -58,8 +79,9 @@ def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
         if parent not in parents:
             parents[parent] = client.get_run(parent).data.tags.get("raydg.data.fingerprint", "")
         prints[r.run_id] = parents[parent]
-    config = {k: v for k, v in values.items() if k not in config_mod.FILE_SECTIONS}
-    new = export_rows(runs, config, prints, variant)
+    unlogged = {f.name: str(f.default) for f in dataclasses.fields(RunConfig)
+                if f.default is not dataclasses.MISSING}
+    new = export_rows(runs, protocol(values), prints, variant, unlogged)
     old = read_rows(ROOT / ROWS) if (ROOT / ROWS).is_file() else []
     rows = merge(old, new)
     write_rows(ROOT / ROWS, rows)

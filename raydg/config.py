@@ -41,6 +41,7 @@ class RunConfig:
     local_steps: int | None = None
     lr: float | None = None
     lr_schedule: str = "constant"  # constant | cosine (annealed over the rounds)
+    optimizer: str = "sgd"  # sgd (momentum, weight_decay) | adam (default betas; weight_decay)
     momentum: float | None = None
     weight_decay: float = 0.0
     batch_size: int | None = None

@@ -27,6 +27,7 @@ from raydg.transforms import TRANSFORMS
 GLYPHS = "glyphs"  # the named pretraining of raydg.pretrain
 MIN_VALIDATION = 5  # a client's validation images below which selection is a coin toss
 LR_SCHEDULES = ("constant", "cosine")
+OPTIMIZERS = ("sgd", "adam")
 STORAGE_ENV = "RAYDG_STORAGE"
 DEFAULT_STORAGE = "raydg-results"
 PLACEMENTS = ("pack", "spread")
@@ -121,6 +122,8 @@ def validate(cfg: RunConfig) -> None:
            f"train_transform must be one of {', '.join(TRANSFORMS)}, got {cfg.train_transform!r}")
     _check(cfg.cpus_per_actor > 0, "cpus_per_actor must be positive")
     _check(cfg.gpus_per_actor >= 0, "gpus_per_actor must be >= 0")
+    _check(cfg.optimizer in OPTIMIZERS,
+           f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer!r}")
     _check(cfg.lr_schedule in LR_SCHEDULES,
            f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {cfg.lr_schedule!r}")
     _check(cfg.checkpoint_every is None or cfg.checkpoint_every > 0,

@@ -16,7 +16,7 @@ row says how many federations it still lacks.
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,24 +46,27 @@ class Goal:
     cell: float
 
 
-def protocol_mismatch(params: dict[str, str], config: dict[str, Any]) -> list[str]:
-    """The config's top-level keys whose value a run's params do not have."""
-    skip = {"method", "target", "seeds", "method_options", "paper", "extends"}
-    return [k for k, v in config.items() if k not in skip and params.get(k) != str(v)]
+def protocol_mismatch(params: dict[str, str], expected: dict[str, str],
+                      unlogged: dict[str, str]) -> list[str]:
+    """The settings whose value a run's params do not have; a setting the run did not log
+    (an older raydg) counts as its value in ``unlogged``."""
+    return [k for k, v in expected.items() if params.get(k, unlogged.get(k)) != v]
 
 
-def export_rows(runs: Sequence[Any], config: dict[str, Any], fingerprints: dict[str, str],
-                variant: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Rows of the finished runs (:class:`raydg.report.Run`) that ran ``config``'s protocol,
-    or the protocol with ``variant``'s keys changed (an ablation, labelled so in its rows),
-    with the fingerprint of their images (by run id); a run that differs elsewhere is an
-    error naming the keys."""
+def export_rows(runs: Sequence[Any], expected: Callable[[str], dict[str, str]],
+                fingerprints: dict[str, str], variant: dict[str, str] | None = None,
+                unlogged: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Rows of the finished runs (:class:`raydg.report.Run`) that ran the protocol
+    (``expected(method)``: every result-relevant param of the config resolved for that
+    method, its options included), or the protocol with ``variant``'s settings changed (an
+    ablation, labelled so in its rows), with the fingerprint of their images (by run id); a
+    run that differs elsewhere is an error naming the settings."""
     variant = variant or {}
     rows = []
     for r in runs:
         if r.status != "FINISHED":
             continue
-        bad = protocol_mismatch(r.params, {**config, **variant})
+        bad = protocol_mismatch(r.params, {**expected(r.method), **variant}, unlogged or {})
         if bad:
             raise RaydgError(f"run {r.run_id} ({r.method} {r.target} seed {r.seed}) differs from "
                              f"the config in {bad[:3]}: keep it out (--experiment), or name "

@@ -209,3 +209,25 @@ def test_methods_that_act_on_batchnorm_refuse_a_model_without_it(method):
     assert resolve(RunConfig(dataset="rotmnist", method=method, model="cnn")).model == "cnn"
     for fine in ("fedavg", "csac", "elcfs", "fedsr"):
         assert resolve(RunConfig(dataset="rotmnist", method=fine)).model == "mnist-cnn"
+
+
+def test_the_optimizer_is_sgd_or_adam_with_the_runs_learning_rate_and_decay():
+    from torch import nn
+
+    from raydg.methods import ClientContext
+
+    def made(**overrides):
+        cfg = resolve(RunConfig(dataset="digits-style", lr=0.02, momentum=0.5,
+                                weight_decay=1e-4, **overrides))
+        ctx = ClientContext(client_id=0, round=1, data=None, model=None, config=cfg,
+                            device=None, global_state={}, memory={}, generator=None,
+                            inputs=None, train_inputs=None, evaluate=None)
+        return ctx.make_optimizer(nn.Linear(2, 2).parameters())
+
+    sgd, adam = made(), made(optimizer="adam")
+    assert type(sgd).__name__ == "SGD" and type(adam).__name__ == "Adam"
+    assert sgd.defaults["momentum"] == 0.5 and adam.defaults["betas"] == (0.9, 0.999)
+    assert sgd.defaults["lr"] == adam.defaults["lr"] == 0.02
+    assert sgd.defaults["weight_decay"] == adam.defaults["weight_decay"] == 1e-4
+    with pytest.raises(RaydgError, match="optimizer must be one of sgd, adam"):
+        resolve(RunConfig(optimizer="rmsprop"))

@@ -59,7 +59,7 @@ def test_verdicts_wait_for_the_full_design_then_apply_both_tolerances():
 
 
 def _run(status="FINISHED", **params):
-    base = {"dataset": "rotmnist", "rounds": "40", "model": "mnist-cnn"}
+    base = {"dataset": "rotmnist", "rounds": "40", "model": "mnist-cnn", "options.mu": "0.1"}
     return Run("r1", status, "fedavg", "M0", 0, "global", {**base, **params},
                {"final/target_acc_oracle/global": 0.9, "final/target_acc_selected/global": 0.8,
                 "final/target_acc_last/global": 0.85, "selected_round": 7,
@@ -67,18 +67,21 @@ def _run(status="FINISHED", **params):
 
 
 def test_export_keeps_finished_runs_of_the_protocol_and_refuses_others(tmp_path):
-    config = {"dataset": "rotmnist", "rounds": 40, "model": "mnist-cnn", "seeds": [0, 1]}
-    rows = export_rows([_run(), _run("RUNNING")], config, {"r1": "f00d"})
+    protocol = {"dataset": "rotmnist", "rounds": "40", "model": "mnist-cnn",
+                "options.mu": "0.1", "optimizer": "sgd"}
+    expected, unlogged = (lambda method: protocol), {"optimizer": "sgd"}
+    rows = export_rows([_run(), _run("RUNNING")], expected, {"r1": "f00d"}, None, unlogged)
     assert rows == [{"method": "fedavg", "variant": "", "target": "M0", "seed": 0,
-                     "selected": 80.0,
-                     "last": 85.0, "oracle": 90.0, "selected_round": 7,
-                     "steps_per_client": 2800, "options": "", "fingerprint": "f00d"}]
-    with pytest.raises(RaydgError, match=r"differs from the config in \['model'\]"):
-        export_rows([_run(model="cnn")], config, {})
-    ablation = export_rows([_run(model="cnn")], config, {}, {"model": "cnn"})
+                     "selected": 80.0, "last": 85.0, "oracle": 90.0, "selected_round": 7,
+                     "steps_per_client": 2800, "options": "mu=0.1", "fingerprint": "f00d"}]
+    for changed, name in (({"model": "cnn"}, "model"), ({"options.mu": "1.0"}, "options.mu"),
+                          ({"optimizer": "adam"}, "optimizer")):  # options and unset keys too
+        with pytest.raises(RaydgError, match=rf"differs from the config in \['{name}'\]"):
+            export_rows([_run(**changed)], expected, {}, None, unlogged)
+    ablation = export_rows([_run(model="cnn")], expected, {}, {"model": "cnn"}, unlogged)
     assert ablation[0]["variant"] == "model=cnn"  # named as the ablation it is
     with pytest.raises(RaydgError, match=r"in \['model'\]"):  # the protocol's run is not one
-        export_rows([_run()], config, {}, {"model": "cnn"})
+        export_rows([_run()], expected, {}, {"model": "cnn"}, unlogged)
     path = tmp_path / "rows.csv"
     write_rows(path, merge(rows, [{**rows[0], "oracle": 1.0}]))  # a row already there is kept
     assert read_rows(path) == rows

@@ -94,11 +94,15 @@ class ClientContext:
     metrics: dict[str, list[float]] = field(default_factory=dict)
     steps: int = 0
 
-    def sgd(self, params) -> torch.optim.SGD:
-        """SGD with the run's settings; the learning rate follows ``lr_schedule`` by round."""
-        cfg = self.config
-        return torch.optim.SGD(list(params), lr=learning_rate(cfg, self.round),
-                               momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    def make_optimizer(self, params) -> torch.optim.Optimizer:
+        """The run's ``optimizer``: SGD with its momentum and weight decay, or Adam with its
+        default betas (ELCFS's code) and the weight decay; the learning rate follows
+        ``lr_schedule`` by round."""
+        cfg, lr = self.config, learning_rate(self.config, self.round)
+        if cfg.optimizer == "adam":
+            return torch.optim.Adam(list(params), lr=lr, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(list(params), lr=lr, momentum=cfg.momentum,
+                               weight_decay=cfg.weight_decay)
 
     def log(self, name: str, value: float | Tensor) -> None:
         """Record ``value``; the round's metric ``name`` is its mean (over steps and clients)."""
@@ -230,7 +234,7 @@ class Method:
     # ------------------------------------------------------------------ client side
     def start_round(self, ctx: ClientContext) -> None:
         """Called after the global weights are loaded, before the first local step."""
-        ctx.optimizer = ctx.sgd(p for p in ctx.model.parameters() if p.requires_grad)
+        ctx.optimizer = ctx.make_optimizer(p for p in ctx.model.parameters() if p.requires_grad)
 
     def train_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float:
         assert ctx.optimizer is not None

@@ -305,7 +305,7 @@ class CSAC(Method):
             return super().client_phase(phase, ctx, payload)
         o = self.options
         st.load(ctx.model, payload)
-        optimizer = ctx.sgd(ctx.model.parameters())
+        optimizer = ctx.make_optimizer(ctx.model.parameters())
         batches = ctx.batches()
         for _ in range(self.setup_steps(o, ctx.config)):
             x, y = next(batches)

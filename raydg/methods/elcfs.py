@@ -21,9 +21,11 @@ the code's paired ``trs`` images):
 As the authors' code (``train_ELCFS.py``): beta_meta = ``meta_step`` 1e-3 (its
 ``meta_step_size``), c = ``clip`` 100 (its ``clip_value``), and the inner gradient is taken
 without a graph, so L_out reaches theta at first order (its gradient at theta'). Eq. (6) read
-literally differentiates through the inner step: ``second_order=true``. The run's optimizer
-(SGD) takes the step, where the code uses Adam. ``train_loss`` reports L_inn (comparable with
-the other methods); ``elcfs/inner`` and ``elcfs/outer`` are logged per round.
+literally differentiates through the inner step: ``second_order=true``. The run's
+``optimizer`` takes the step: SGD by default, as every other method of a table; the code's
+Adam (lr 1e-3) is ``--set optimizer=adam --lr 0.001``. ``train_loss`` reports L_inn
+(comparable with the other methods); ``elcfs/inner`` and ``elcfs/outer`` are logged per
+round.
 """
 
 from __future__ import annotations

@@ -361,8 +361,8 @@ class FedFDA(FedFD):
 
     def start_round(self, ctx: ClientContext) -> None:
         main, adapters = self.split_params(ctx.model)
-        ctx.optimizer = ctx.sgd(main)
-        ctx.scratch["adapter_optimizer"] = ctx.sgd(adapters)
+        ctx.optimizer = ctx.make_optimizer(main)
+        ctx.scratch["adapter_optimizer"] = ctx.make_optimizer(adapters)
         ctx.scratch["params"] = (main, adapters)
         set_reference(ctx.model, ctx.global_state)
 
