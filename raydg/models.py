@@ -10,6 +10,7 @@ global model is built with them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +162,7 @@ def has_pretrained(name: str) -> bool:
     return name.lower() in IMAGENET_WEIGHTS
 
 
+@functools.cache
 def has_batchnorm(name: str) -> bool:
     """Whether backbone ``name`` has BatchNorm layers (built once, small, on the CPU)."""
     return bool(bn_keys(MODELS.get(name)(ModelSpec(name, 3, 2, 32))))

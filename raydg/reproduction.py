@@ -30,8 +30,7 @@ SELECTIONS = ("oracle", "selected", "last")
 COLUMNS = ("method", "variant", "target", "seed", "selected", "last", "oracle",
            "selected_round", "steps_per_client", "options", "fingerprint")
 SELECTION_TEXT = {
-    "oracle": "the round with the best target accuracy: the paper's selection (CSAC's code "
-              "reads the target every round), an upper bound, not a result",
+    "oracle": "the round with the best target accuracy: an upper bound, not a result",
     "selected": "the round with the best mean source-validation accuracy (training-domain "
                 "validation: nothing is chosen on the target)",
     "last": "the last round",
@@ -180,6 +179,29 @@ def others_section(rows: list[dict[str, Any]], methods: list[str], targets: Sequ
     return lines
 
 
+def ablations_section(rows: list[dict[str, Any]], variants: list[tuple[str, str]],
+                      targets: Sequence[str], names: dict[str, str]) -> list[str]:
+    """Each (method, variant) beside the same method under the protocol, per selection."""
+    columns = [*targets, "Avg"]
+    lines = ["## Ablations (settings that are not the paper's)", "",
+             "Each row changes the protocol in the settings named in brackets; beside it, the "
+             "same method under the protocol. Cells: mean ± std over seeds (seeds).", ""]
+    for selection in SELECTIONS[:2]:
+        lines += [f"{selection.capitalize()} round:", "", "| row | " + " | ".join(columns)
+                  + " |", "|---|" + "---|" * len(columns)]
+        for method, variant in variants:
+            name = names.get(method, method)
+            base = cells(rows, method, targets, selection)
+            got = cells(rows, method, targets, selection, variant)
+            lines.append(f"| {name} [{variant}] | " + " | ".join(
+                _cell(got.get(c)) for c in columns) + " |")
+            lines.append(f"| {name} | " + " | ".join(_cell(base.get(c)) for c in columns) + " |")
+            lines.append(f"| [{variant}] - protocol | " + " | ".join(
+                _diff(got.get(c), base[c][0] if c in base else None) for c in columns) + " |")
+        lines.append("")
+    return lines
+
+
 def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
          goals: dict[str, Goal], seeds: int, source: str, command: str, protocol: str) -> str:
     """The Markdown page: per selection, the paper's rows and raydg's; the goals; the methods
@@ -197,7 +219,8 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
         lines += [f"Images: fingerprint {', '.join(prints)}.", ""]
     header = ["| row | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for selection in SELECTIONS[:2]:
-        lines += [f"## {selection.capitalize()} round", "", f"Model selection: "
+        own = " (the paper's selection)" if selection == paper["selection"] else ""
+        lines += [f"## {selection.capitalize()} round{own}", "", f"Model selection: "
                   f"{SELECTION_TEXT[selection]}. Cells: mean ± std over seeds (seeds).", "",
                   *header]
         for method, published in paper["accuracy"].items():
@@ -220,22 +243,5 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
         lines += ["", *others_section(rows, others, targets, names)]
     variants = sorted({(r["method"], r["variant"]) for r in rows if r["variant"]})
     if variants:
-        lines += ["", "## Ablations (settings that are not the paper's)", "",
-                  "Each row changes the protocol in the settings named in brackets; beside it, "
-                  "the same method under the protocol. Cells: mean ± std over seeds (seeds).",
-                  ""]
-        for selection in SELECTIONS[:2]:
-            lines += [f"{selection.capitalize()} round:", "", *header]
-            for method, variant in variants:
-                name = names.get(method, method)
-                base = cells(rows, method, targets, selection)
-                got = cells(rows, method, targets, selection, variant)
-                lines.append(f"| {name} [{variant}] | " + " | ".join(
-                    _cell(got.get(c)) for c in columns) + " |")
-                lines.append(f"| {name} | " + " | ".join(
-                    _cell(base.get(c)) for c in columns) + " |")
-                lines.append(f"| [{variant}] - protocol | " + " | ".join(
-                    _diff(got.get(c), base[c][0] if c in base else None) for c in columns)
-                    + " |")
-            lines.append("")
+        lines += ["", *ablations_section(rows, variants, targets, names)]
     return "\n".join(lines).rstrip("\n") + "\n"
