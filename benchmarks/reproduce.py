@@ -20,6 +20,7 @@ Run:  python benchmarks/reproduce.py export --tracking-uri URI [--experiment rot
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +54,7 @@ def protocol(values: dict[str, object]) -> Callable[[str], dict[str, str]]:
 
     keys = {k: v for k, v in values.items() if k not in config_mod.FILE_SECTIONS}
 
+    @functools.cache
     def expected(method: str) -> dict[str, str]:
         params = flat_params(resolve(RunConfig(**{**keys, "method": method})))
         return {k: v for k, v in params.items() if k not in ROW_KEYS and k not in NOT_RESULTS

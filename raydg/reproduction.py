@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from raydg.errors import RaydgError
-from raydg.results import paired_difference
+from raydg.results import mean_std, paired_difference
 
 SELECTIONS = ("oracle", "selected", "last")
 COLUMNS = ("method", "variant", "target", "seed", "selected", "last", "oracle",
@@ -139,8 +139,7 @@ def _diff(value: tuple[float, float, int] | None, reference: float | None) -> st
 
 
 def _mean_std(values: Sequence[float]) -> tuple[float, float, int]:
-    a = np.asarray(values, dtype=np.float64)
-    return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0, len(a)
+    return (*mean_std(list(values)), len(values))
 
 
 def verdict(measured: dict[str, tuple[float, float, int]], paper: dict[str, float],

@@ -188,7 +188,7 @@ def long_rows(results: Sequence[FederationResult]) -> list[dict[str, Any]]:
     ]
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
+def mean_std(values: list[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single seed)."""
     arr = np.asarray(values, dtype=np.float64)
     return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
@@ -214,9 +214,9 @@ def summary_rows(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[st
                                "selection": sel}
         seeds = sorted({r["seed"] for r in mine})
         for t in targets:
-            row[t], row[f"{t}_std"] = _mean_std([r["accuracy"] for r in mine if r["target"] == t])
+            row[t], row[f"{t}_std"] = mean_std([r["accuracy"] for r in mine if r["target"] == t])
         per_seed = [np.mean([r["accuracy"] for r in mine if r["seed"] == s]) for s in seeds]
-        row["Avg"], row["Avg_std"] = _mean_std(per_seed)
+        row["Avg"], row["Avg_std"] = mean_std(per_seed)
         row["steps"] = float(np.mean([r["steps"] for r in mine]))
         out.append(row)
     return out
@@ -289,15 +289,15 @@ def select_settings(rows: list[dict[str, Any]], targets: list[str]) -> list[dict
 
             best = max(runs, key=lambda s: mean_of("val_acc", s))
             oracle = max(runs, key=lambda s: mean_of("accuracy", s))
-            acc, std = _mean_std([r["accuracy"] for r in runs[best]])
-            oacc, ostd = _mean_std([r["accuracy"] for r in runs[oracle]])
+            acc, std = mean_std([r["accuracy"] for r in runs[best]])
+            oacc, ostd = mean_std([r["accuracy"] for r in runs[oracle]])
             chosen[t] = {r["seed"]: r["accuracy"] for r in runs[best]}
             out.append({"method": method, "mode": mode, "target": t, "setting": best,
                         "val_acc": mean_of("val_acc", best), "accuracy": acc,
                         "accuracy_std": std, "oracle_setting": oracle, "oracle_accuracy": oacc,
                         "oracle_accuracy_std": ostd})
         seeds = sorted(set.intersection(*(set(c) for c in chosen.values())))
-        avg, std = _mean_std([np.mean([chosen[t][s] for t in targets]) for s in seeds])
+        avg, std = mean_std([np.mean([chosen[t][s] for t in targets]) for s in seeds])
         out.append({"method": method, "mode": mode, "target": "Avg", "setting": "",
                     "val_acc": float("nan"), "accuracy": avg, "accuracy_std": std,
                     "oracle_setting": "", "oracle_accuracy": float("nan"),
