@@ -4,11 +4,13 @@ Three steps, each a command:
 
 1. Run the rows (any machine, any number of times; raydg's own concurrency):
      raydg run --config configs/csac-rotmnist.yaml --method M --experiment rotmnist-csac
-   for M in deepall, fedavg, elcfs, csac (``--seed S`` / ``--target T`` for a part).
+   for M in deepall, fedavg, elcfs, csac (``--seed S`` / ``--target T`` for a part); any
+   other method (``jobs/csac-tables.sh --others``) is printed against FedAvg.
 2. ``export``: the finished federations of that MLflow experiment -> per-run rows, merged into
    the committed rows file (rows already there are kept; a run of another protocol is refused,
-   unless it is named as an ablation, ``--variant model=cnn``: the protocol with that key
-   changed, labelled so on the page).
+   unless it is named as a variant, ``--variant model=cnn``: the protocol with that key
+   changed, labelled so on the page; the BN methods' runs on ``model=mnist-cnn-bn`` are
+   exported so, FedAvg's on that model too).
 3. ``page``: the rows file -> docs/reproduction.md (regenerated, never edited by hand; a test
    checks that the committed page is what this prints from the committed rows).
 
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raydg import config as config_mod
-from raydg.reproduction import Goal, export_rows, merge, page, read_rows, write_rows
+from raydg.reproduction import COMPOSED, Goal, export_rows, merge, page, read_rows, write_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = Path("configs/csac-rotmnist.yaml")
@@ -45,8 +47,10 @@ def render() -> str:
                 "python benchmarks/reproduce.py page", str(CONFIG))
 
 
-def protocol(values: dict[str, object]) -> Callable[[str], dict[str, str]]:
-    """method -> every result-relevant MLflow param of the config resolved for it."""
+def protocol(values: dict[str, object], variant: dict[str, str]
+             ) -> Callable[[tuple[str | None, ...]], dict[str, str]]:
+    """(method, augment, aggregation) -> every result-relevant MLflow param of the config
+    with ``variant``'s settings applied, resolved for them."""
     from raydg.config import NOT_RESULTS, RunConfig
     from raydg.plan import resolve
     from raydg.report import ROW_KEYS
@@ -55,8 +59,11 @@ def protocol(values: dict[str, object]) -> Callable[[str], dict[str, str]]:
     keys = {k: v for k, v in values.items() if k not in config_mod.FILE_SECTIONS}
 
     @functools.cache
-    def expected(method: str) -> dict[str, str]:
-        params = flat_params(resolve(RunConfig(**{**keys, "method": method})))
+    def expected(composed: tuple[str | None, ...]) -> dict[str, str]:
+        named = dict(zip(COMPOSED, composed, strict=True))
+        cfg = config_mod.apply(RunConfig(**{**keys, **named}),
+                               config_mod.parse_sets([f"{k}={v}" for k, v in variant.items()]))
+        params = flat_params(resolve(cfg))
         return {k: v for k, v in params.items() if k not in ROW_KEYS and k not in NOT_RESULTS
                 and k != "method_options"}  # compared as the resolved options.* instead
 
@@ -73,7 +80,7 @@ def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
 
     client = MlflowClient(tracking_uri)
     values = config_mod.load_yaml(str(ROOT / CONFIG))
-    runs = find_runs(client, [experiment], values["dataset"], list(NAMES), "")
+    runs = find_runs(client, [experiment], values["dataset"], [], "")
     parents: dict[str, str] = {}
     prints = {}
     for r in runs:
@@ -83,7 +90,7 @@ def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
         prints[r.run_id] = parents[parent]
     unlogged = {f.name: str(f.default) for f in dataclasses.fields(RunConfig)
                 if f.default is not dataclasses.MISSING}
-    new = export_rows(runs, protocol(values), prints, variant, unlogged)
+    new = export_rows(runs, protocol(values, variant), prints, variant, unlogged)
     old = read_rows(ROOT / ROWS) if (ROOT / ROWS).is_file() else []
     rows = merge(old, new)
     write_rows(ROOT / ROWS, rows)

@@ -115,7 +115,7 @@ RUN_OPTIONS = [
                  + DATASET_DEFAULT.format(digits=32, images=64) + "]"),
     click.option("--seed", "seeds", type=int, multiple=True,
                  help="Seed; repeat for several. [default: 0]"),
-    click.option("--model", help="Backbone: cnn, resnet18, resnet50. [default: "
+    click.option("--model", help="Backbone (raydg list models). [default: "
                  + DATASET_DEFAULT.format(digits="cnn", images="resnet18") + "]"),
     click.option("--image-size", type=int, help="Side of the square images. [default: "
                  + DATASET_DEFAULT.format(digits=16, images=224) + "]"),

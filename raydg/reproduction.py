@@ -27,6 +27,7 @@ from raydg.errors import RaydgError
 from raydg.results import mean_std, paired_difference
 
 SELECTIONS = ("oracle", "selected", "last")
+COMPOSED = ("method", "augment", "aggregation")  # the params that name a row's method
 COLUMNS = ("method", "variant", "target", "seed", "selected", "last", "oracle",
            "selected_round", "steps_per_client", "options", "fingerprint")
 SELECTION_TEXT = {
@@ -52,26 +53,31 @@ def protocol_mismatch(params: dict[str, str], expected: dict[str, str],
     return [k for k, v in expected.items() if params.get(k, unlogged.get(k)) != v]
 
 
-def export_rows(runs: Sequence[Any], expected: Callable[[str], dict[str, str]],
+def composition(params: dict[str, str]) -> tuple[str | None, ...]:
+    """A run's (method, augment, aggregation) from its params (None where unset)."""
+    return tuple(None if params.get(k, "None") == "None" else params[k] for k in COMPOSED)
+
+
+def export_rows(runs: Sequence[Any], expected: Callable[[tuple[str | None, ...]], dict[str, str]],
                 fingerprints: dict[str, str], variant: dict[str, str] | None = None,
                 unlogged: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Rows of the finished runs (:class:`raydg.report.Run`) that ran the protocol
-    (``expected(method)``: every result-relevant param of the config resolved for that
-    method, its options included), or the protocol with ``variant``'s settings changed (an
-    ablation, labelled so in its rows), with the fingerprint of their images (by run id); a
-    run that differs elsewhere is an error naming the settings."""
-    variant = variant or {}
+    (``expected(composition)``: every result-relevant param of the config resolved for the
+    run's method, augmentation and aggregation, their options included), with the fingerprint
+    of their images (by run id); a run that differs elsewhere is an error naming the settings.
+    ``variant``: the settings in which ``expected`` changes the paper's protocol (an ablation,
+    or a model that a method needs), the label of the rows."""
     rows = []
     for r in runs:
         if r.status != "FINISHED":
             continue
-        bad = protocol_mismatch(r.params, {**expected(r.method), **variant}, unlogged or {})
+        bad = protocol_mismatch(r.params, expected(composition(r.params)), unlogged or {})
         if bad:
             raise RaydgError(f"run {r.run_id} ({r.method} {r.target} seed {r.seed}) differs from "
                              f"the config in {bad[:3]}: keep it out (--experiment), or name "
                              "the change as a variant")
         rows.append({
-            "method": r.method, "variant": " ".join(f"{k}={v}" for k, v in variant.items()),
+            "method": r.method, "variant": " ".join(f"{k}={v}" for k, v in (variant or {}).items()),
             "target": r.target, "seed": r.seed,
             **{s: round(r.accuracy(s), 4) for s in SELECTIONS},
             "selected_round": int(r.metrics["selected_round"]),
@@ -155,26 +161,31 @@ def verdict(measured: dict[str, tuple[float, float, int]], paper: dict[str, floa
             f"cell {worst} {gaps[worst]:+.2f} (goal ±{goal.cell:g})")
 
 
-def others_section(rows: list[dict[str, Any]], methods: list[str], targets: Sequence[str],
-                   names: dict[str, str], baseline: str = "fedavg") -> list[str]:
-    """Methods the paper does not report, on its protocol: cells at the selected round and
-    the paired difference to ``baseline`` with its 95 % interval over seeds."""
-    plain = [{**r, "accuracy": r["selected"]} for r in rows if not r["variant"]]
+def others_section(rows: list[dict[str, Any]], methods: list[tuple[str, str]],
+                   targets: Sequence[str], names: dict[str, str],
+                   baseline: str = "fedavg") -> list[str]:
+    """Methods the paper does not report, each (method, variant) on its protocol (a variant
+    where the paper's model does not fit the method, e.g. one with BN layers): cells at the
+    selected round and the paired difference to ``baseline`` run with the same variant, with
+    its 95 % interval over seeds."""
     columns = [*targets, "Avg"]
+    base = names.get(baseline, baseline)
     lines = ["## Other methods on the same protocol", "",
              f"Selected round (training-domain validation). The last column is the paired "
-             f"difference to {names.get(baseline, baseline)}: per seed, the mean over the "
-             "targets both ran of (method - baseline), then the mean over those seeds ± the "
-             "half-width of its 95 % t-interval (seeds).", "",
-             "| method | " + " | ".join(columns) + f" | vs {names.get(baseline, baseline)} |",
+             f"difference to {base} with the same settings (bracketed: not the paper's): per "
+             "seed, the mean over the targets both ran of (method - baseline), then the mean "
+             "over those seeds ± the half-width of its 95 % t-interval (seeds).", "",
+             "| method | " + " | ".join(columns) + f" | vs {base} |",
              "|---|" + "---|" * (len(columns) + 1)]
-    for method in methods:
-        got = cells(rows, method, targets, "selected")
-        mean, half, n = paired_difference(plain, method, baseline)
+    for method, variant in methods:
+        same = [{**r, "accuracy": r["selected"]} for r in rows if r["variant"] == variant]
+        got = cells(rows, method, targets, "selected", variant)
+        mean, half, n = paired_difference(same, method, baseline)
         versus = "—" if n == 0 else (f"{mean:+.2f} ({n})" if n == 1 else
                                      f"{mean:+.2f} ± {half:.2f} ({n})")
-        lines.append(f"| {names.get(method, method)} | " + " | ".join(
-            _cell(got.get(c)) for c in columns) + f" | {versus} |")
+        label = names.get(method, method) + (f" [{variant}]" if variant else "")
+        lines.append(f"| {label} | " + " | ".join(_cell(got.get(c)) for c in columns)
+                     + f" | {versus} |")
     return lines
 
 
@@ -237,10 +248,11 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
         got = cells(rows, method, targets, paper["selection"])
         lines.append(f"- {names.get(method, method)}: "
                      f"{verdict(got, published, targets, seeds, goals[method])}")
-    others = sorted({r["method"] for r in rows if not r["variant"]} - set(paper["accuracy"]))
+    pairs = sorted({(r["method"], r["variant"]) for r in rows})
+    others = [(m, v) for m, v in pairs if m not in paper["accuracy"]]
     if others:
         lines += ["", *others_section(rows, others, targets, names)]
-    variants = sorted({(r["method"], r["variant"]) for r in rows if r["variant"]})
+    variants = [(m, v) for m, v in pairs if v and m in paper["accuracy"]]
     if variants:
         lines += ["", *ablations_section(rows, variants, targets, names)]
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -11,7 +11,7 @@ from torch import nn
 
 from raydg.config import RunConfig
 from raydg.errors import RaydgError
-from raydg.models import ModelSpec, build_model, file_state, imagenet_weights
+from raydg.models import ModelSpec, build_model, file_state, has_batchnorm, imagenet_weights
 from raydg.plan import init_weights, resolve
 
 
@@ -120,3 +120,14 @@ def test_mnist_cnn_has_crossgrads_lenet_layers():
     torch.testing.assert_close(model(x), model(x))
     assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
     assert build_model(ModelSpec("mnist-cnn", 3, 7, 32)).features[7].in_features == 64 * 8 * 8
+
+
+def test_mnist_cnn_bn_puts_a_batchnorm_after_each_conv_in_place_of_its_bias():
+    model = build_model(ModelSpec("mnist-cnn-bn", 1, 10, 28))
+    kinds = [type(m).__name__ for m in model.features]
+    assert kinds == ["Conv2d", "BatchNorm2d", "ReLU", "MaxPool2d", "Conv2d", "BatchNorm2d",
+                     "ReLU", "MaxPool2d", "Flatten", "Linear", "ReLU", "Dropout"]
+    plain = 3_274_634
+    assert sum(p.numel() for p in model.parameters()) == plain - 32 - 64 + 2 * (32 + 64)
+    assert has_batchnorm("mnist-cnn-bn") and not has_batchnorm("mnist-cnn")
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)

@@ -69,7 +69,7 @@ def _run(status="FINISHED", **params):
 def test_export_keeps_finished_runs_of_the_protocol_and_refuses_others(tmp_path):
     protocol = {"dataset": "rotmnist", "rounds": "40", "model": "mnist-cnn",
                 "options.mu": "0.1", "optimizer": "sgd"}
-    expected, unlogged = (lambda method: protocol), {"optimizer": "sgd"}
+    expected, unlogged = (lambda composed: protocol), {"optimizer": "sgd"}
     rows = export_rows([_run(), _run("RUNNING")], expected, {"r1": "f00d"}, None, unlogged)
     assert rows == [{"method": "fedavg", "variant": "", "target": "M0", "seed": 0,
                      "selected": 80.0, "last": 85.0, "oracle": 90.0, "selected_round": 7,
@@ -78,10 +78,11 @@ def test_export_keeps_finished_runs_of_the_protocol_and_refuses_others(tmp_path)
                           ({"optimizer": "adam"}, "optimizer")):  # options and unset keys too
         with pytest.raises(RaydgError, match=rf"differs from the config in \['{name}'\]"):
             export_rows([_run(**changed)], expected, {}, None, unlogged)
-    ablation = export_rows([_run(model="cnn")], expected, {}, {"model": "cnn"}, unlogged)
+    ablated = lambda composed: {**protocol, "model": "cnn"}  # noqa: E731
+    ablation = export_rows([_run(model="cnn")], ablated, {}, {"model": "cnn"}, unlogged)
     assert ablation[0]["variant"] == "model=cnn"  # named as the ablation it is
     with pytest.raises(RaydgError, match=r"in \['model'\]"):  # the protocol's run is not one
-        export_rows([_run()], expected, {}, {"model": "cnn"}, unlogged)
+        export_rows([_run()], ablated, {}, {"model": "cnn"}, unlogged)
     path = tmp_path / "rows.csv"
     write_rows(path, merge(rows, [{**rows[0], "oracle": 1.0}]))  # a row already there is kept
     assert read_rows(path) == rows
@@ -120,3 +121,17 @@ def test_other_methods_get_a_paired_difference_to_fedavg_over_seeds():
     # fedprox: M0 81, 85; M15 95, 99; Avg per seed 88, 92
     assert f"| fedprox | 83.00 ± 2.83 (2) | 97.00 ± 2.83 (2) | 90.00 ± 2.83 (2) | +2.00 ± " \
         f"{half:.2f} (2) |" in text
+
+
+def test_a_method_on_a_variant_model_is_paired_with_fedavg_on_that_model():
+    paper = {"source": "T", "selection": "oracle",
+             "accuracy": {"fedavg": {"M0": 80.0, "M15": 98.0, "Avg": 89.0}}}
+    bn = "model=mnist-cnn-bn"
+    rows = [_row("fedavg", t, 0, 90.0) for t in TARGETS]  # the protocol's FedAvg, not the pair
+    rows += [{**_row("fedavg", t, 0, acc), "variant": bn} for t, acc in (("M0", 71), ("M15", 81))]
+    rows += [{**_row("fedbn", t, 0, acc), "variant": bn} for t, acc in (("M0", 75), ("M15", 84))]
+    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, 5, "r.csv", "c",
+                "p.yaml")
+    # selected = oracle - 1; fedbn - fedavg on the BN model: (4 + 3) / 2 = 3.5, one seed
+    assert f"| fedbn [{bn}] | 74.00 (1) | 83.00 (1) | 78.50 (1) | +3.50 (1) |" in text
+    assert f"| FedAvg* [{bn}] | 71.00 (1) | 81.00 (1) | 76.00 (1) |" in text  # an ablation row
