@@ -81,7 +81,8 @@ class Protocol:
 def protocols(calibration_epochs: int) -> list[Protocol]:
     """The protocols; CSAC's acquisition follows the dataset (5 calibration epochs for
     Rotated MNIST, 10 otherwise: CSAC §4.1)."""
-    csac = {"method_options": {"csac": {"calibration_epochs": calibration_epochs}}}
+    paper = {"csac": {"calibration_epochs": calibration_epochs}}  # the paper's, per dataset
+    csac = {"method_options": paper, "paper_options": paper}
     return [
         Protocol("fedfd-a", {"client_selection": True}, [
             {"method": "fedavg"},

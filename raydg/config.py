@@ -87,6 +87,9 @@ class RunConfig:
     # options for whichever method runs, by method name, e.g. {fedprox: {mu: 0.1}}: what lets
     # one config serve a table's baselines; ``options`` override them
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the options that a paper config (a file with a ``paper`` section) gives, by method:
+    # that paper's values, so table rows do not flag them as not the paper's
+    paper_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def seed(self) -> int:
@@ -201,7 +204,7 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 NOT_RESULTS = ("actors", "cpus_per_actor", "gpus_per_actor", "max_concurrent", "placement",
                "address", "storage", "tracking_uri", "experiment", "data_root", "cache",
                "cache_dir", "checkpoint_every", "max_failures", "skip_bad_images",
-               "reuse_actors")
+               "reuse_actors", "paper_options")
 # Keys a search may not vary: they name the experiment's data, targets, seeds, resources or store.
 EXPERIMENT_KEYS = ("dataset", "target", "seeds", "data_root", "image_size", "skip_bad_images",
                    "cache", "cache_dir", "address", "max_concurrent", "placement", "storage",
@@ -332,8 +335,14 @@ FILE_SECTIONS = ("grid", "random", "paper")  # sections of a config file that ar
 
 def split_search(values: dict[str, Any]) -> tuple[dict[str, Any], Search]:
     """A config file's keys without its ``grid``/``random``/``paper`` sections, and its
-    search."""
+    search. A paper config's method settings (``method_options``, and ``options`` for its
+    ``method``) become ``paper_options``: the paper's values."""
     rest = {k: v for k, v in values.items() if k not in FILE_SECTIONS}
+    if "paper" in values:
+        own = {str(rest.get("method", "fedavg")): rest.get("options") or {}}
+        rest["paper_options"] = {m: {**(rest.get("method_options") or {}).get(m, {}),
+                                     **own.get(m, {})}
+                                 for m in {*(rest.get("method_options") or {}), *own}}
     return rest, parse_search(values.get("grid"), values.get("random"))
 
 

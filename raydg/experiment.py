@@ -211,7 +211,7 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
                 tracker.set_tag(f"raydg.data.{key}", value)
         feds = fit_actors(plan, lambda c: c.clients or sources, local, say)
         settings = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
-        say(f"raydg: {plan.label} on {base.dataset}, targets {plan.targets}, seeds "
+        say(f"raydg: {plan.rows} on {base.dataset}, targets {plan.targets}, seeds "
             f"{base.seeds}{settings}, {base.rounds} rounds x {base.local_steps} local steps; "
             f"MLflow run {tracker.run_id}")
         runs = run_federations(plan, feds, data, weights, tracker, out, directory,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from raydg.config import RunConfig, Search, apply, setting_label
 from raydg.datasets import DATASETS, MultiDomainDataset
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, Method, method_class
-from raydg.models import IMAGENET, has_batchnorm, has_pretrained
+from raydg.models import IMAGENET, MODELS, has_batchnorm, has_pretrained
 from raydg.partition import MIN_CLIENT_SAMPLES, plan_clients
 from raydg.transforms import TRANSFORMS
 
@@ -33,23 +34,26 @@ DEFAULT_STORAGE = "raydg-results"
 PLACEMENTS = ("pack", "spread")
 
 
-def _method_options(cfg: RunConfig) -> dict[str, Any]:
-    """The run's options: ``method_options`` of its method (and composed ones), then
-    ``options``; every entry of ``method_options`` is checked against its own method."""
+def _method_options(cfg: RunConfig, dataset: Mapping[str, Mapping[str, Any]]
+                    ) -> dict[str, Any]:
+    """The run's options: the dataset's own for its method (and composed ones), then
+    ``method_options``, then ``options``; every entry of ``method_options`` is checked against
+    its own method."""
     for name, values in cfg.method_options.items():
         _check(isinstance(values, dict), f"method_options.{name} must map option names to "
                                          f"values, got {values!r}")
         METHODS.get(name).parse_options(values)
-    by_name = {METHODS.get(k).name: v for k, v in cfg.method_options.items()}
     names = [METHODS.get(n).name for n in (cfg.method, cfg.augment, cfg.aggregation) if n]
-    return {**{k: v for n in names for k, v in by_name.get(n, {}).items()}, **cfg.options}
+    layers = [dataset, {METHODS.get(k).name: v for k, v in cfg.method_options.items()}]
+    return {**{k: v for by_name in layers for n in names for k, v in by_name.get(n, {}).items()},
+            **cfg.options}
 
 
 def resolve(cfg: RunConfig) -> RunConfig:
     """Fill ``None`` fields from the dataset's defaults (training) and the method's paper
     (``client_selection``), merge ``method_options`` into ``options``, validate everything."""
     spec = DATASETS.get(cfg.dataset)
-    options = _method_options(cfg)
+    options = _method_options(cfg, spec.method_options)
     cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
     cls.parse_options(options)
     defaults = dataclasses.asdict(spec.defaults)
@@ -75,7 +79,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
     cfg = dataclasses.replace(cfg, storage=storage)
     _check(not cls.needs_batchnorm or has_batchnorm(cfg.model),
            f"{method_label(cfg)} acts on BatchNorm layers and model {cfg.model} has none; "
-           "choose a model with BatchNorm (cnn, resnet18, resnet50)")
+           f"choose a model with BatchNorm ({', '.join(filter(has_batchnorm, MODELS.names()))})")
     validate(cfg)
     return cfg
 
@@ -143,15 +147,44 @@ def init_weights(cfg: RunConfig) -> str | None:
     return cfg.weights or IMAGENET
 
 
+def _method(cfg: RunConfig, method: Method | None) -> tuple[type[Method], Any]:
+    """The run's method class and options (``method``'s for an unregistered instance)."""
+    if method is not None:
+        return type(method), method.options
+    cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
+    return cls, cls.parse_options(cfg.options)
+
+
 def method_label(cfg: RunConfig, method: Method | None = None) -> str:
-    """The method as tables and MLflow report it: ``fedbn+ccst-pixel``, or
-    ``fedavg (steps of csac)`` with ``equal_compute``; ``method`` for an unregistered one."""
-    if method is None:
-        cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
-        label = cls.label(cls.parse_options(cfg.options))
-    else:
-        label = method.label(method.options)
-    return label + (f" (steps of {cfg.equal_compute})" if cfg.equal_compute else "")
+    """The method as MLflow tags it (``raydg.method``, what ``raydg report --method``
+    filters): ``fedbn+ccst-pixel``, or ``fedavg (steps of csac)`` with ``equal_compute``."""
+    cls, options = _method(cfg, method)
+    return cls.label(options) + (f" (steps of {cfg.equal_compute})" if cfg.equal_compute
+                                 else "")
+
+
+def not_paper(cfg: RunConfig, method: Method | None = None,
+              searched: dict[str, Any] | None = None) -> str:
+    """The run's options that are neither its paper config's (``paper_options``) nor, where
+    that is silent, its method's defaults (``Method.not_paper``); options that a search
+    varies (``searched``, a federation's setting) are left to the setting's label."""
+    cls, options = _method(cfg, method)
+    names = {cls.name} if method is not None else {
+        METHODS.get(n).name for n in (cfg.method, cfg.augment, cfg.aggregation) if n}
+    paper = {k: v for m, values in cfg.paper_options.items() if METHODS.get(m).name in names
+             for k, v in values.items()}
+    probe = apply(RunConfig(), searched or {})
+    varied = {*probe.options, *(k for values in probe.method_options.values() for k in values)}
+    return " ".join(kv for kv in cls.not_paper(options, cls.parse_options(paper)).split()
+                    if kv.split("=", 1)[0] not in varied)
+
+
+def row_label(cfg: RunConfig, method: Method | None = None,
+              searched: dict[str, Any] | None = None) -> str:
+    """The method as a table row prints it: :func:`method_label`, then the options that are
+    not the paper's in brackets, ``fedfd [cafl_reduction=mean]`` (:func:`not_paper`)."""
+    extra = not_paper(cfg, method, searched)
+    return method_label(cfg, method) + (f" [{extra}]" if extra else "")
 
 
 def _equal_compute(cfg: RunConfig) -> RunConfig:
@@ -197,6 +230,15 @@ class Federation:
     def label(self) -> str:
         return method_label(self.config)
 
+    @property
+    def not_paper(self) -> str:
+        return not_paper(self.config, searched=self.setting)
+
+    @property
+    def row(self) -> str:
+        """How its table rows name the method (:func:`row_label`)."""
+        return row_label(self.config, searched=self.setting)
+
     def title(self) -> str:
         """How progress lines name it: ``sketch seed=0`` (``[lr=0.02]`` in a search)."""
         setting = setting_label(self.setting)
@@ -221,6 +263,11 @@ class Plan:
         """The method(s) as reported: ``fedbn``, or ``fedavg, fedprox`` for a search over
         methods."""
         return ", ".join(dict.fromkeys(f.label for f in self.federations))
+
+    @property
+    def rows(self) -> str:
+        """The method(s) as table rows name them (:func:`row_label`)."""
+        return ", ".join(dict.fromkeys(f.row for f in self.federations))
 
 
 def plan_experiment(cfg: RunConfig, search: Search | None = None) -> Plan:

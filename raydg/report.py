@@ -51,6 +51,7 @@ class Run:
     mode: str  # the reported inference mode
     params: dict[str, str]
     metrics: dict[str, float]
+    not_paper: str = ""  # options that are not the paper's (tag raydg.not_paper), k=v k=v
 
     def accuracy(self, selection: str) -> float:
         return 100 * self.metrics.get(f"final/target_acc_{selection}/{self.mode}", np.nan)
@@ -100,7 +101,8 @@ def find_runs(client: Any, experiments: Sequence[str], dataset: str | None,
             continue
         out.append(Run(r.info.run_id, r.info.status, tags["raydg.method"], tags["raydg.target"],
                        int(tags["raydg.seed"]), tags.get("raydg.mode", "global"),
-                       dict(r.data.params), dict(r.data.metrics)))
+                       dict(r.data.params), dict(r.data.metrics),
+                       tags.get("raydg.not_paper", "")))
     return out
 
 
@@ -121,13 +123,16 @@ def tables(runs: list[Run], selection: str, order: Sequence[str] = ()) -> list[T
 
 
 def row_name(run: Run, runs: list[Run]) -> str:
-    """``method``, or ``method [options]`` where the same method runs with other options."""
+    """``method``, or ``method [options]``: the options that are not the paper's, and those
+    in which runs of the same method differ."""
     variants = {r.options() for r in runs if r.method == run.method}
-    if len(variants) < 2:
-        return run.method
     shared = set.intersection(*(set(v) for v in variants))
-    own = " ".join(f"{k[8:]}={v}" for k, v in run.options() if (k, v) not in shared)
-    return f"{run.method} [{own or 'defaults'}]"
+    flagged = {f"options.{kv.split('=', 1)[0]}" for kv in run.not_paper.split()}
+    own = " ".join(f"{k[8:]}={v}" for k, v in run.options()
+                   if (k, v) not in shared or k in flagged)
+    if own or len(variants) > 1:
+        return f"{run.method} [{own or 'defaults'}]"
+    return run.method
 
 
 def long_rows(runs: list[Run], selection: str) -> list[dict[str, Any]]:

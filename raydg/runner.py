@@ -98,7 +98,8 @@ def federation(config: dict[str, Any], data: MultiDomainDataset,
     if restore is not None:
         messages.append(f"continues from its checkpoint after round {restore['round']}")
     sim = Simulation(cfg, data, cfg.target, cfg.seed, log=messages.append,
-                     weights=weights.get(weights_key(cfg)), restore=restore)
+                     weights=weights.get(weights_key(cfg)), restore=restore,
+                     label=spec.get("label"))  # absent in a trial of an older raydg
     cadence = Cadence(cfg.checkpoint_every)
 
     def on_round(row: dict[str, float]) -> None:
@@ -306,7 +307,7 @@ class Collector(tune.Callback):
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         fed = self._fed(trial)
-        self.tracker.start_child(fed.key, fed.config, fed.setting, fed.label)
+        self.tracker.start_child(fed.key, fed.config, fed.setting, fed.label, fed.not_paper)
         self.progress.start(fed.key)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
@@ -388,7 +389,8 @@ def _active(name: str) -> Any:
 
 
 def _spec(fed: Federation) -> dict[str, Any]:
-    return {"key": fed.key, "config": dataclasses.asdict(fed.config), "setting": fed.setting}
+    return {"key": fed.key, "config": dataclasses.asdict(fed.config), "setting": fed.setting,
+            "label": fed.row}
 
 
 MANIFEST = "raydg.json"  # in the experiment's folder: what `raydg resume` needs

@@ -34,7 +34,7 @@ from raydg.ledger import DOWN, UP, Ledger, payload_nbytes
 from raydg.methods import Method, Upload, method_class
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
-from raydg.plan import init_weights, method_label
+from raydg.plan import init_weights, row_label
 from raydg.pretrain import initial_weights
 from raydg.results import FederationResult
 
@@ -50,14 +50,14 @@ class Simulation:
     def __init__(self, cfg: RunConfig, data: MultiDomainDataset, target: str, seed: int,
                  log: Callable[[str], None] = print, method: Method | None = None,
                  weights: dict[str, Tensor] | None = None,
-                 restore: dict[str, Any] | None = None) -> None:
+                 restore: dict[str, Any] | None = None, label: str | None = None) -> None:
         """``method`` defaults to the registered ``cfg.method`` with ``cfg.options``; passing an
         instance runs a method that is not registered (e.g. one defined in a notebook).
         ``weights`` is the backbone's initial state as the experiment loaded it (default: load
         ``cfg``'s pretrained start here, if it has one). ``restore`` is a :meth:`snapshot` to
-        continue from."""
+        continue from. ``label`` names its rows (default: :func:`raydg.plan.row_label`)."""
         self.config = dataclasses.replace(cfg, target=target, seeds=[seed])
-        self.label = method_label(cfg, method)
+        self.label = label or row_label(cfg, method)
         self.log = log
         if method is None:
             method_cls = method_class(cfg.method, cfg.augment, cfg.aggregation)

@@ -223,9 +223,10 @@ class Tracker:
         self._call(lambda: self.client.set_tag(self.run_id, key, value))
 
     def start_child(self, key: str, cfg: RunConfig, setting: dict[str, Any],
-                    label: str) -> None:
+                    label: str, not_paper: str = "") -> None:
         """Open the child run of federation ``key`` (once; a restarted or resumed trial keeps
-        its run); ``label`` is its method as reported."""
+        its run); ``label`` is its method as reported, ``not_paper`` the options that are not
+        its paper's (tag ``raydg.not_paper``, which report rows show beside the name)."""
         if key in self.children:
             return
         searched = setting_label(setting)
@@ -233,6 +234,8 @@ class Tracker:
                 "raydg.target": cfg.target, "raydg.seed": str(cfg.seed), "raydg.key": key}
         if searched:
             tags["raydg.setting"] = searched
+        if not_paper:
+            tags["raydg.not_paper"] = not_paper
         name = f"{cfg.target} seed={cfg.seed}" + (f" {searched}" if searched else "")
         self.children[key] = ""
         self.open.add(key)

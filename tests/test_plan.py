@@ -231,3 +231,55 @@ def test_the_optimizer_is_sgd_or_adam_with_the_runs_learning_rate_and_decay():
     assert sgd.defaults["weight_decay"] == adam.defaults["weight_decay"] == 1e-4
     with pytest.raises(RaydgError, match="optimizer must be one of sgd, adam"):
         resolve(RunConfig(optimizer="rmsprop"))
+
+
+def test_a_datasets_own_method_options_apply_below_the_users_and_are_labelled():
+    """digits-*: fedfd/fedfd-a start from cafl_reduction=mean (their paper's sum collapses the
+    digits CNN); method_options and options override it; every row off the paper's values
+    is named with them, one at the paper's values plainly."""
+    from raydg.plan import not_paper, row_label
+
+    cfg = resolve(RunConfig(dataset="digits-style", method="fedfd-a"))
+    assert cfg.options["cafl_reduction"] == "mean"
+    assert row_label(cfg) == "fedfd-a [cafl_reduction=mean]"
+    assert resolve(RunConfig(dataset="digits-rot", method="fedig")).options == {
+        "cafl_reduction": "mean"}  # an alias gets its method's options
+    for override in ({"options": {"cafl_reduction": "sum"}},
+                     {"method_options": {"fedfd": {"cafl_reduction": "sum"}}}):
+        cfg = resolve(RunConfig(dataset="digits-style", method="fedfd", **override))
+        assert cfg.options["cafl_reduction"] == "sum" and not_paper(cfg) == ""
+        assert row_label(cfg) == "fedfd"
+    cfg = resolve(RunConfig(dataset="digits-style", method="fedfd",
+                            options={"lambda2": 1}))
+    assert row_label(cfg) == "fedfd [lambda2=1.0 cafl_reduction=mean]"  # in field order
+    assert resolve(RunConfig(dataset="pacs", method="fedfd")).options == {}
+    assert row_label(resolve(RunConfig(dataset="digits-style", method="fedavg"))) == "fedavg"
+
+
+def test_a_paper_configs_own_options_are_the_papers_and_others_are_labelled():
+    """configs/csac-rotmnist.yaml gives CSAC Rotated MNIST's calibration epochs (5, not the
+    default 10): no label; a change on top of it, or the file's options under another method,
+    are labelled."""
+    from raydg.config import load_yaml, split_search
+    from raydg.plan import row_label
+
+    values, _ = split_search(load_yaml("configs/csac-rotmnist.yaml"))
+    assert values["paper_options"]["csac"]["calibration_epochs"] == 5
+    assert row_label(resolve(apply(RunConfig(), values))) == "csac"
+    changed = apply(RunConfig(), {**values, "options": {"lambda_cal": 0.3}})
+    assert row_label(resolve(changed)) == "csac [lambda_cal=0.3]"
+    plain, _ = split_search({k: v for k, v in load_yaml("configs/csac-rotmnist.yaml").items()
+                             if k != "paper"})  # the same settings, not a paper config
+    assert row_label(resolve(apply(RunConfig(), plain))) == (
+        "csac [acquire_steps=420 calibration_epochs=5]")
+
+
+def test_options_a_search_varies_are_left_to_the_settings_label():
+    plan = plan_experiment(RunConfig(dataset="digits-style", method="fedfd", target="plain"),
+                           Search(grid={"options.cafl_reduction": ["sum", "mean"],
+                                        "method_options.fedfd.lambda2": [4.0, 1.0]}))
+    assert {f.row for f in plan.federations} == {"fedfd"}
+    plan = plan_experiment(RunConfig(dataset="digits-style", method="fedfd", target="plain"),
+                           Search(grid={"lr": [0.01, 0.02]}))
+    assert [f.row for f in plan.federations] == ["fedfd [cafl_reduction=mean]"] * 2
+    assert plan.rows == "fedfd [cafl_reduction=mean]"

@@ -345,3 +345,22 @@ def test_runs_of_an_older_raydg_that_lack_a_setting_are_a_table_of_their_own(tmp
     rows = json.loads(result.stdout)
     assert sorted(r["client_size"] for r in rows) == ["(unset)", "None"]
     assert all(r["M0"] == pytest.approx(55.0) for r in rows)
+
+
+def test_rows_name_the_options_that_are_not_the_papers(tmp_path, ray_session):
+    """A run off its method's paper values is tagged so, and the report labels its row even
+    when it is the method's only run; a run at the paper's values keeps the plain name."""
+    uri = f"sqlite:///{tmp_path}/np.db"
+    for options in ({"mu": 0.1}, {}):
+        run_experiment(RunConfig(dataset="digits-rot", method="fedprox", target="M0", seeds=[0],
+                                 rounds=1, local_steps=2, batch_size=16, tracking_uri=uri,
+                                 experiment=f"np{len(options)}", options=options),
+                       out=lambda _: None, progress="none")
+    tags = [r.data.tags for r in MlflowClient(uri).search_runs(
+        [MlflowClient(uri).get_experiment_by_name("np1").experiment_id])]
+    assert [t.get("raydg.not_paper") for t in tags if "raydg.target" in t] == ["mu=0.1"]
+    for experiment, name in (("np1", "fedprox [mu=0.1]"), ("np0", "fedprox")):
+        result = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--experiment",
+                                          experiment, "--format", "json"])
+        assert result.exit_code == 0, result.output
+        assert [r["method"] for r in json.loads(result.stdout)] == [name]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -114,6 +115,9 @@ class DatasetSpec:
     folder: str = ""  # the dataset's folder under the data root (what the cache key covers)
     source: DataSource | None = None  # None: no public download is known
     expected: tuple[int, ...] | None = None  # images per domain, checked by ``raydg data check``
+    # method name -> options it starts from here, where its paper's value does not train on
+    # this dataset (chosen by training-domain validation; tables label them: not the paper's)
+    method_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 DATASETS: Registry[DatasetSpec] = Registry("dataset")

@@ -36,7 +36,8 @@ Choices where the papers are silent, each an option:
   (lambda2 / d in the sum's units), and ``warmup_rounds`` trains the base framework alone for
   that many rounds first, so that mu_G, sigma_G are the clients' statistics, not the initial
   (0, 1) buffers, when the decoupling losses start. CAFL's gradient reaches both feature
-  passes.
+  passes. The digits datasets run ``mean`` by default (their ``method_options``, chosen by
+  training-domain validation); rows say so: ``fedfd [cafl_reduction=mean]``.
 * The adapter's hidden width is ``C // adapter_reduction`` (at least 4): with reduction 16 it
   adds 0.22M parameters to ResNet-18, FedFD-A Table 4's 11.31M -> 11.53M. ReLU between the two
   layers. alpha is one scalar per layer and sample (FedFD-A) or per channel (FedIG):
