@@ -12,6 +12,7 @@ from torch import nn
 from raydg import state
 from raydg.client import ClientHost
 from raydg.datasets import load_dataset
+from raydg.errors import RaydgError
 from raydg.methods import METHODS
 from raydg.methods.fedfd import MixBN, bn_mode, mix_layers, set_reference
 from raydg.models import ModelSpec
@@ -362,3 +363,26 @@ def test_client_validation_normalises_with_the_rounds_global_statistics():
         assert torch.equal(method.predict(ctx.model, x, "fixed"), predicted(None))
     host.train(1, global_state, 1)  # a whole round ends with the reference cleared
     assert all(m.reference is None for _, m in mix_layers(host.model))
+
+
+@pytest.mark.parametrize("channel", [False, True])
+def test_adapter_eps_init_starts_every_layer_at_that_alpha_for_a_neutral_input(channel):
+    """eps's bias at 0.5 (delta's untouched): an image with the global statistics gets
+    alpha = 0.5 in every layer at inference; out-of-range values are refused."""
+    options = {"adapter_eps_init": 0.5, "adapter_alpha": "channel" if channel else "scalar"}
+    cls = METHODS.get("fedfd-a")
+    torch.manual_seed(0)
+    model = cls(cls.parse_options(options)).build_model(ModelSpec("cnn", 1, 10, 16))
+    for _, layer in mix_layers(model):
+        bias, k = layer.adapter[2].bias, layer.adapter[2].bias.numel() // 2
+        assert torch.all(bias[k:] == 0.5)
+        c = layer.num_features
+        layer.eval()
+        stats = torch.zeros(2, c), torch.ones(2, c)
+        hidden = layer.adapter[1](layer.adapter[0](torch.zeros(2, 2 * c)))
+        expected = (hidden @ layer.adapter[2].weight.T + bias)[:, k:].clamp(0, 1)
+        got = layer.adapter_alpha(stats[0], stats[1], stats[0], stats[1])
+        torch.testing.assert_close(got, expected)
+        assert torch.all((got - 0.5).abs() < 0.5)  # inside the clamp: it passes a gradient
+    with pytest.raises(RaydgError, match="adapter_eps_init"):
+        cls.parse_options({"adapter_eps_init": 1.5})

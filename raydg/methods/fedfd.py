@@ -312,6 +312,10 @@ class FedFD(Method):
 class FedFDAOptions(FedFDOptions):
     adapter_alpha: str = "scalar"  # one alpha per layer and sample (FedFD-A) or per channel
     adapter_reduction: int = 16  # hidden width C // reduction (Table 4: +0.22M on ResNet-18)
+    # None: PyTorch's initialisation of the adapter's last layer; v: its eps outputs' bias
+    # starts at v (0.5: the centre of the clamp), so no layer starts with alpha = 0 for every
+    # input, the clamp's dead zone, where only the noise z*delta of Eq. (7) passes a gradient
+    adapter_eps_init: float | None = None
     eval_modes: list[str] = field(
         default_factory=lambda: ["adapter", "global", "instance", "fixed", "random"])
 
@@ -331,9 +335,21 @@ class FedFDA(FedFD):
         if o.adapter_alpha not in ("scalar", "channel") or o.adapter_reduction < 1:
             raise RaydgError(f"{cls.name}: adapter_alpha must be scalar|channel and "
                              "adapter_reduction >= 1")
+        if o.adapter_eps_init is not None and not (
+                isinstance(o.adapter_eps_init, int | float) and 0 <= o.adapter_eps_init <= 1):
+            raise RaydgError(f"{cls.name}: adapter_eps_init must be in [0, 1] or null")
 
     def adapter_hidden(self, channels: int) -> int | None:
         return max(4, channels // self.options.adapter_reduction)
+
+    def build_model(self, spec: ModelSpec) -> nn.Module:
+        model = super().build_model(spec)
+        if self.options.adapter_eps_init is not None:
+            with torch.no_grad():
+                for _, layer in mix_layers(model):
+                    bias = layer.adapter[-1].bias  # (delta, eps) of Eq. (7)
+                    bias[len(bias) // 2:] = self.options.adapter_eps_init
+        return model
 
     plots: ClassVar[dict[str, tuple[str, ...]]] = {"target_alpha": ("box", "layer", "alpha")}
 
