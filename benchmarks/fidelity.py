@@ -1,10 +1,13 @@
 """Fidelity: does each seed method beat its baseline where its paper says it does?
 
-Every method runs on every held-out domain of digits-style and digits-rot, with 5 seeds, in two
-regimes: from scratch, and from the offline ``glyphs`` pretraining (:mod:`raydg.pretrain`, the
-analogue of the papers' ImageNet start). Each comparison uses the protocol of the paper that
-claims it, one shared training setting (the digits defaults: 10 rounds x 20 local steps,
-lr 0.05, batch 32, the small CNN) and FedAvg run under the same protocol:
+Every method runs on every held-out domain of digits-style and digits-rot, with 5 seeds, in three
+regimes: from scratch, from the offline ``glyphs`` pretraining (:mod:`raydg.pretrain`, the
+analogue of the papers' ImageNet start), and from ``glyphs-neutral`` (``neutral``: the same
+letters without the inverted ink, stripes, noise and rotations that resemble held-out domains'
+styles), which tells whether a glyphs verdict rests on those styles. Each comparison uses the
+protocol of the paper that claims it, one shared training setting (the digits defaults:
+10 rounds x 20 local steps, lr 0.05, batch 32, the small CNN) and FedAvg run under the same
+protocol:
 
 * ``fedfd-a`` protocol (FedFD-A §4.1: client-side best-validation upload): fedavg, fedprox,
   fedbn, silobn, fedfd, fedfd-a; claims FedFD >= FedAvg and SiloBN, FedFD-A >= FedFD.
@@ -35,7 +38,7 @@ protocol, averaged over the domains within each seed, with a 95 % t-interval ove
 then each claimed ordering, per regime, with its interval. Raw rows go to ``--json``.
 
 Run:  python benchmarks/fidelity.py [--seeds 0 1 2 3 4] [--datasets digits-style digits-rot]
-      [--regimes scratch glyphs] [--out docs/fidelity.md] [--json fidelity.json]
+      [--regimes scratch glyphs neutral] [--out docs/fidelity.md] [--json fidelity.json]
 
 With ``--json``, the rows already in that file are kept and their experiments are not run
 again: an interrupted benchmark continues where it stopped; ``--resume FOLDER`` (the folder
@@ -66,7 +69,7 @@ from raydg.experiment import run_experiment
 from raydg.results import long_rows, paired_difference
 
 DATASETS = ("digits-style", "digits-rot")
-REGIMES = {"scratch": None, "glyphs": "glyphs"}
+REGIMES = {"scratch": None, "glyphs": "glyphs", "neutral": "glyphs-neutral"}
 FEDFD = [{"method": m, "options.cafl_reduction": r, "options.warmup_rounds": w}
          for m in ("fedfd", "fedfd-a") for r, w in (("sum", 0), ("mean", 0), ("sum", 2))]
 

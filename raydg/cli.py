@@ -122,9 +122,10 @@ RUN_OPTIONS = [
     click.option("--pretrained/--no-pretrained", default=None,
                  help="Start the ResNet from ImageNet weights. [default: on for the image "
                       "datasets, off for the digits]"),
-    click.option("--weights", metavar="FILE|glyphs",
+    click.option("--weights", metavar="FILE|glyphs|glyphs-neutral",
                  help="Start the backbone from a state-dict file (torchvision format for the "
-                      "ResNets) or from glyphs, raydg's offline pretraining."),
+                      "ResNets) or from raydg's offline pretraining: glyphs, or "
+                      "glyphs-neutral (no inverted ink, stripes, noise or rotations)."),
     click.option("--validate-clients", metavar="all|sampled|K",
                  help="Who validates each round's model for model selection: every client, "
                       "the round's sampled ones, or K drawn per round. [default: all]"),

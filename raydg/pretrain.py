@@ -9,6 +9,12 @@ the same backbone, centrally, then the classifier is dropped as ImageNet's is. L
 like digits (B D G I O Q S Z) are left out. The weights are made once per backbone, image shape and
 normalisation, deterministically (one torch thread, fixed seeds), and cached as a state dict
 read back with ``weights_only``.
+
+Disclosure: ``glyphs`` draws both ink polarities (light on dark and dark on light), striped and
+noisy backgrounds and rotations of up to 25 degrees: not target images, but the style families
+of held-out digits domains (colour-inverted, texture, rotated), a favourable start.
+``glyphs-neutral`` renders the same letters in the same sizes and places without them: upright,
+the ink always lighter than a plain background.
 """
 
 from __future__ import annotations
@@ -30,14 +36,17 @@ from raydg.models import IMAGENET, ModelSpec, build_model, file_state, imagenet_
 from raydg.plan import GLYPHS, Plan, init_weights, weights_key
 
 LETTERS = "ACEFHJKLMNPRTUVWXY"
+NEUTRAL = "glyphs-neutral"
+PRETRAININGS = (GLYPHS, NEUTRAL)  # the named starts of ``--weights``
 GLYPH_RECIPE = {"per_class": 400, "epochs": 12, "batch": 64, "lr": 0.05, "momentum": 0.9,
                 "weight_decay": 5e-4, "seed": 0, "version": 1}
 
 
-def render_glyphs(per_class: int, channels: int, size: int,
-                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def render_glyphs(per_class: int, channels: int, size: int, rng: np.random.Generator,
+                  neutral: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``per_class`` images of every letter of :data:`LETTERS`: uint8 ``(n, channels, size,
-    size)`` and int64 labels, each in its own random size, place, rotation and colours."""
+    size)`` and int64 labels, each in its own random size, place, rotation and colours
+    (``neutral``: upright, light ink on a plain background)."""
     from PIL import Image, ImageDraw, ImageFont
 
     big = 4 * size  # drawn large, then reduced with antialiasing
@@ -49,20 +58,23 @@ def render_glyphs(per_class: int, channels: int, size: int,
             centre = (big / 2 + rng.uniform(-0.12, 0.12) * big,
                       big / 2 + rng.uniform(-0.12, 0.12) * big)
             ImageDraw.Draw(canvas).text(centre, letter, fill=255, font=font, anchor="mm")
-            canvas = canvas.rotate(float(rng.uniform(-25, 25)), resample=Image.BILINEAR)
+            if not neutral:
+                canvas = canvas.rotate(float(rng.uniform(-25, 25)), resample=Image.BILINEAR)
             mask = np.asarray(canvas.resize((size, size), Image.LANCZOS), np.float32) / 255
-            xs.append(_paint(mask, channels, rng))
+            xs.append(_paint(mask, channels, rng, neutral))
             ys.append(label)
     return np.stack(xs), np.asarray(ys, dtype=np.int64)
 
 
-def _paint(mask: np.ndarray, channels: int, rng: np.random.Generator) -> np.ndarray:
+def _paint(mask: np.ndarray, channels: int, rng: np.random.Generator,
+           neutral: bool = False) -> np.ndarray:
     """Ink of one colour on a plain, striped or noisy background of another, at least 0.4
-    apart in every channel."""
-    ink = rng.uniform(0, 1, (channels, 1, 1))
+    apart in every channel (``neutral``: lighter ink on a plain background)."""
+    ink = rng.uniform(0.5 if neutral else 0, 1, (channels, 1, 1))
     paper = ink + np.where(ink > 0.5, -1, 1) * rng.uniform(0.4, 0.7, (channels, 1, 1))
+    paper = np.clip(paper, 0, None) if neutral else paper
     h, w = mask.shape
-    kind = rng.integers(3)
+    kind = 0 if neutral else rng.integers(3)
     if kind == 1:
         yy, xx = np.mgrid[0:h, 0:w] / max(h, w)
         angle, freq = rng.uniform(0, np.pi), rng.uniform(1.5, 4.0)
@@ -80,12 +92,13 @@ def _normalise(x: np.ndarray, mean: tuple[float, ...], std: tuple[float, ...]) -
 
 
 def pretrain_glyphs(model: str, channels: int, size: int, mean: tuple[float, ...],
-                    std: tuple[float, ...]) -> tuple[dict[str, Tensor], float]:
+                    std: tuple[float, ...], neutral: bool = False
+                    ) -> tuple[dict[str, Tensor], float]:
     """Train ``model`` centrally on the glyphs (one torch thread: deterministic); its backbone's
     state dict, without the classifier, and its accuracy on held-out glyphs."""
     r = GLYPH_RECIPE
     rng = np.random.default_rng(r["seed"])
-    x, y = render_glyphs(r["per_class"], channels, size, rng)
+    x, y = render_glyphs(r["per_class"], channels, size, rng, neutral)
     held = rng.permutation(len(y))
     test, train = held[: len(y) // 10], held[len(y) // 10:]
     threads = torch.get_num_threads()
@@ -113,22 +126,24 @@ def pretrain_glyphs(model: str, channels: int, size: int, mean: tuple[float, ...
 
 
 def glyph_weights(model: str, channels: int, size: int, mean: tuple[float, ...],
-                  std: tuple[float, ...], cache: Path,
-                  log: Callable[[str], None] = print) -> dict[str, Tensor]:
-    """The ``glyphs`` backbone from ``cache``, pretrained there first if absent."""
+                  std: tuple[float, ...], cache: Path, log: Callable[[str], None] = print,
+                  name: str = GLYPHS) -> dict[str, Tensor]:
+    """The backbone of pretraining ``name`` (:data:`PRETRAININGS`) from ``cache``, pretrained
+    there first if absent."""
+    neutral = name == NEUTRAL
     key = json.dumps([model, channels, size, mean, std, GLYPH_RECIPE, LETTERS,
-                      torch.__version__])
-    path = cache / "pretrained" / (f"glyphs-{model}-{channels}x{size}-"
+                      torch.__version__, *(["neutral"] if neutral else [])])
+    path = cache / "pretrained" / (f"{name}-{model}-{channels}x{size}-"
                                    f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt")
     if not path.is_file():
-        state, accuracy = pretrain_glyphs(model, channels, size, mean, std)
-        log(f"pretrained {model} on glyphs ({len(LETTERS)} letters, {channels}x{size}x{size}): "
-            f"{100 * accuracy:.1f}% on held-out glyphs")
+        state, accuracy = pretrain_glyphs(model, channels, size, mean, std, neutral)
+        log(f"pretrained {model} on {name} ({len(LETTERS)} letters, "
+            f"{channels}x{size}x{size}): {100 * accuracy:.1f}% on held-out glyphs")
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".writing-{os.getpid()}")
         torch.save(state, partial)
         partial.replace(path)  # atomic: a reader sees the whole file or none
-        log(f"cached the glyphs backbone in {path}")
+        log(f"cached the {name} backbone in {path}")
     return file_state(str(path))
 
 
@@ -136,14 +151,15 @@ def initial_weights(cfg: RunConfig, channels: int, mean: tuple[float, ...],
                     std: tuple[float, ...], cache: Path,
                     log: Callable[[str], None] = print) -> dict[str, Tensor] | None:
     """The backbone state dict a run starts from: None (random initialisation), ImageNet's
-    (torchvision's cache), the ``glyphs`` pretraining, or the user's file."""
+    (torchvision's cache), a glyphs pretraining (:data:`PRETRAININGS`), or the user's
+    file."""
     source = init_weights(cfg)
     if source is None:
         return None
     if source == IMAGENET:
         return imagenet_weights(cfg.model)
-    if source == GLYPHS:
-        return glyph_weights(cfg.model, channels, cfg.image_size, mean, std, cache, log)
+    if source in PRETRAININGS:
+        return glyph_weights(cfg.model, channels, cfg.image_size, mean, std, cache, log, source)
     return file_state(source)
 
 

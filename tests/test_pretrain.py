@@ -69,3 +69,20 @@ def test_glyph_weights_are_cached_and_start_the_backbone(tmp_path, small_recipe,
     model = build_model(dataclasses.replace(ModelSpec("cnn", 3, 10, 16), weights=state))
     assert all(torch.equal(model.features.state_dict()[k], state[k]) for k in state)
     assert model.classifier.out_features == 10  # a new head for the digits
+
+
+def test_neutral_glyphs_have_light_ink_on_plain_paper(small_recipe, tmp_path):
+    """glyphs-neutral: no polarity flips (the ink is the lightest pixel of every image, the
+    paper uniform), and a backbone cached under its own name."""
+    x, y = render_glyphs(5, 3, 16, np.random.default_rng(0), neutral=True)
+    assert np.bincount(y).tolist() == [5] * len(LETTERS)
+    corner = x[:, :, 0, 0].astype(int)  # paper
+    assert np.all(x.reshape(len(x), 3, -1).max(axis=2) > corner)  # lighter, in every channel
+    # nothing darker than the paper: no inverted ink, and no stripes or noise (both dip below)
+    assert np.all(x.reshape(len(x), 3, -1).min(axis=2) == corner)
+    flipped, _ = render_glyphs(5, 3, 16, np.random.default_rng(0))
+    assert not np.all(flipped.reshape(len(x), 3, -1).min(axis=2) == flipped[:, :, 0, 0])
+    glyph_weights("cnn", 3, 16, (0.5,) * 3, (0.5,) * 3, tmp_path, lambda _: None,
+                  "glyphs-neutral")
+    assert [p.name.split("-cnn")[0] for p in (tmp_path / "pretrained").glob("*.pt")] == [
+        "glyphs-neutral"]
