@@ -386,3 +386,23 @@ def test_adapter_eps_init_starts_every_layer_at_that_alpha_for_a_neutral_input(c
         assert torch.all((got - 0.5).abs() < 0.5)  # inside the clamp: it passes a gradient
     with pytest.raises(RaydgError, match="adapter_eps_init"):
         cls.parse_options({"adapter_eps_init": 1.5})
+
+
+@pytest.mark.parametrize(("eps_bias", "alpha", "zero", "gradient"),
+                         [(-1.0, 0.0, 1.0, False), (0.5, 0.5, 0.0, True)])
+def test_adapter_steps_log_alpha_its_clamped_share_and_the_gradient(eps_bias, alpha, zero,
+                                                                   gradient):
+    """Adapters whose output is (delta, eps) = (0, eps_bias) for every input: alpha = T(eps)
+    exactly. Below the clamp (the dead zone) no gradient reaches them; inside it one does."""
+    _, method, ctx = _first_round("fedfd-a")
+    with torch.no_grad():
+        for _, m in mix_layers(ctx.model):
+            m.adapter[2].weight.zero_()
+            m.adapter[2].bias.copy_(torch.tensor([0.0, eps_bias]))
+    x, y = next(ctx.batches())
+    method.adapter_step(ctx, x, y)
+    logged = {k[8:]: v for k, v in ctx.metrics.items() if k.startswith("fedfd-a/")}
+    assert logged["alpha"] == logged["eps"] == [alpha]
+    assert logged["alpha_zero"] == logged["eps_zero"] == [zero]
+    assert (logged["adapter_grad"][0] > 0) == gradient
+    assert all(m.record is None for _, m in mix_layers(ctx.model))  # recording stopped

@@ -88,7 +88,8 @@ class MixBN(nn.BatchNorm2d):
         self.mode = "batch"
         self.u_range, self.fixed_alpha = u_range, fixed_alpha
         self.reference: tuple[Tensor, Tensor] | None = None
-        self.record: list[Tensor] | None = None  # when a list, adapter alphas are appended
+        # when a list, (alpha, T(eps)) of each adapter call are appended, means over channels
+        self.record: list[tuple[Tensor, Tensor]] | None = None
         c = bn.num_features
         self.adapter = None if adapter_hidden is None else nn.Sequential(
             nn.Linear(2 * c, adapter_hidden), nn.ReLU(),
@@ -139,7 +140,8 @@ class MixBN(nn.BatchNorm2d):
         raw = eps + torch.randn_like(delta) * delta if self.training else eps
         alpha = raw.clamp(0.0, 1.0)
         if self.record is not None:
-            self.record.append(alpha.detach().mean(dim=1).cpu())
+            self.record.append((alpha.detach().mean(dim=1).cpu(),
+                                eps.detach().clamp(0.0, 1.0).mean(dim=1).cpu()))
         return alpha
 
 
@@ -363,7 +365,7 @@ class FedFDA(FedFD):
             for x in batches:
                 self.predict(model, x, "adapter")
             return {"alpha": [{"layer": name, "alpha": float(a)}
-                              for name, m in layers for a in torch.cat(m.record)]}
+                              for name, m in layers for alphas, _ in m.record for a in alphas]}
         finally:
             for _, m in layers:
                 m.record = None
@@ -401,6 +403,29 @@ class FedFDA(FedFD):
         frozen."""
         opt = ctx.scratch["adapter_optimizer"]
         opt.zero_grad(set_to_none=True)
-        with frozen(ctx.scratch["params"][0]), bn_mode(ctx.model, "adapter"):
-            F.cross_entropy(ctx.model(x), y).backward()
+        layers = [m for _, m in mix_layers(ctx.model)]
+        for m in layers:
+            m.record = []
+        try:
+            with frozen(ctx.scratch["params"][0]), bn_mode(ctx.model, "adapter"):
+                F.cross_entropy(ctx.model(x), y).backward()
+            self.log_adapter(ctx, [m.record[0] for m in layers])
+        finally:
+            for m in layers:
+                m.record = None
         opt.step()
+
+    @staticmethod
+    def log_adapter(ctx: ClientContext, record: list[tuple[Tensor, Tensor]]) -> None:
+        """Per round, over the BN layers and the source batches of the adapter steps: alpha of
+        Eq. (7) in training (``fedfd-a/alpha``) and the share clamped to 0
+        (``alpha_zero``), the inference alpha T(eps) (``eps``, ``eps_zero``: what the
+        target's alpha would be on these source images), and the gradient norm reaching the
+        adapters (``adapter_grad``)."""
+        alpha, eps = (torch.cat([r[i] for r in record]) for i in (0, 1))
+        ctx.log("fedfd-a/alpha", alpha.mean())
+        ctx.log("fedfd-a/alpha_zero", (alpha == 0).float().mean())
+        ctx.log("fedfd-a/eps", eps.mean())
+        ctx.log("fedfd-a/eps_zero", (eps == 0).float().mean())
+        grads = [p.grad.norm() for p in ctx.scratch["params"][1] if p.grad is not None]
+        ctx.log("fedfd-a/adapter_grad", torch.stack(grads).norm() if grads else 0.0)
