@@ -10,6 +10,7 @@ bad input is refused before Ray starts.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -175,8 +176,9 @@ def not_paper(cfg: RunConfig, method: Method | None = None,
              for k, v in values.items()}
     probe = apply(RunConfig(), searched or {})
     varied = {*probe.options, *(k for values in probe.method_options.values() for k in values)}
-    return " ".join(kv for kv in cls.not_paper(options, cls.parse_options(paper)).split()
-                    if kv.split("=", 1)[0] not in varied)
+    return " ".join(f"{k}={json.dumps(v, separators=(',', ':')) if isinstance(v, list) else v}"
+                    for k, v in cls.not_paper(options, cls.parse_options(paper)).items()
+                    if k not in varied)  # one word per option: ``raydg report`` splits them
 
 
 def row_label(cfg: RunConfig, method: Method | None = None,

@@ -283,3 +283,11 @@ def test_options_a_search_varies_are_left_to_the_settings_label():
                            Search(grid={"lr": [0.01, 0.02]}))
     assert [f.row for f in plan.federations] == ["fedfd [cafl_reduction=mean]"] * 2
     assert plan.rows == "fedfd [cafl_reduction=mean]"
+
+
+def test_a_list_option_off_the_paper_is_one_word_of_the_label():
+    from raydg.plan import not_paper
+
+    cfg = resolve(RunConfig(dataset="pacs", method="fedfd",
+                            options={"eval_modes": ["global", "fixed"]}))
+    assert not_paper(cfg) == 'eval_modes=["global","fixed"]'

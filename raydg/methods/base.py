@@ -203,16 +203,14 @@ class Method:
         """Raise :class:`RaydgError` for invalid option values (override to check ranges)."""
 
     @classmethod
-    def not_paper(cls, options: Any, paper: Any = None) -> str:
-        """``key=value`` of every option that differs from the paper's value: ``paper``'s (a
-        paper config's options) or else the default (the paper's value, or raydg's choice
-        where the paper gives none). What a table row shows beside the name,
-        ``fedfd [cafl_reduction=mean]``: a setting that is not the paper's is never printed
-        under the plain method name."""
+    def not_paper(cls, options: Any, paper: Any = None) -> dict[str, Any]:
+        """Every option that differs from the paper's value: ``paper``'s (a paper config's
+        options) or else the default (the paper's value, or raydg's choice where the paper
+        gives none). What a table row shows beside the name, ``fedfd [cafl_reduction=mean]``:
+        a setting that is not the paper's is never printed under the plain method name."""
         paper = cls.Options() if paper is None else paper
-        return " ".join(f"{f.name}={getattr(options, f.name)}"
-                        for f in dataclasses.fields(options)
-                        if getattr(options, f.name) != getattr(paper, f.name))
+        return {f.name: getattr(options, f.name) for f in dataclasses.fields(options)
+                if getattr(options, f.name) != getattr(paper, f.name)}
 
     @classmethod
     def label(cls, options: Any) -> str:
