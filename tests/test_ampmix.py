@@ -201,5 +201,5 @@ def test_ampmix_on_digits_rot_banks_a_subsample(ray_session):
     cfg = tiny_config(dataset="digits-rot", target="M75", method="am", rounds=1,
                       local_steps=2, actors=1, options={"bank_size": 10})
     sim, result = _run(cfg)
-    assert result.method == "ampmix" and len(sim.client_ids) == 5
+    assert result.method == "ampmix [bank_size=10]" and len(sim.client_ids) == 5
     _assert_ledger_holds_the_windows(sim, result, channels=1, bank_size=10)

@@ -215,7 +215,7 @@ def test_augment_ccst_runs_with_fedbn_on_ray(ray_session):
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
     result = sim.run()
-    assert result.method == "fedbn+ccst-pixel"
+    assert result.method == "fedbn+ccst-pixel [k=2]"  # its row says K is not the paper's
     kinds = {(r["round"], r["kind"]) for r in result.tables["ledger"]}
     assert {(0, "style_vectors"), (0, "style_bank"), (1, "parameters")} <= kinds
     bn = {k for k in result.global_state if "running_mean" in k}
