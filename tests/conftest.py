@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import ray
 
 from raydg.config import RunConfig
 from raydg.plan import resolve
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """The script ``benchmarks/NAME.py`` as a module (benchmarks are not a package)."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,19 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 from raydg.config import RunConfig
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.conftest import load_benchmark
 
 
 def _rows(method: str, mode: str, accs: list[float]) -> list[dict]:
@@ -24,7 +13,7 @@ def _rows(method: str, mode: str, accs: list[float]) -> list[dict]:
 
 
 def test_defaults_flags_a_row_within_the_margin_of_chance_by_its_first_mode():
-    defaults = _load("defaults")
+    defaults = load_benchmark("defaults")
     rows = (_rows("fedavg", "global", [40.0, 30.0]) + _rows("fedfd", "global", [12.0, 13.0])
             + _rows("fedfd", "fixed", [60.0, 60.0]) + _rows("csac", "global", [16.0, 14.0]))
     lines, collapsed = defaults.table(rows, chance=10.0, margin=5.0)
@@ -35,7 +24,7 @@ def test_defaults_flags_a_row_within_the_margin_of_chance_by_its_first_mode():
 
 
 def test_defaults_lists_what_a_datasets_model_cannot_run_with_raydgs_error():
-    runnable, refused = _load("defaults").grid(RunConfig(dataset="rotmnist"))
+    runnable, refused = load_benchmark("defaults").grid(RunConfig(dataset="rotmnist"))
     assert {"method": "fedavg"} in runnable and {"method": "csac"} in runnable
     assert set(refused) >= {"fedbn", "silobn", "fedfd", "fedfd-a", "gperxan"}
     assert "mnist-cnn-bn" in refused["fedbn"]

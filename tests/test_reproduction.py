@@ -3,7 +3,6 @@ export, and the committed page against what the command prints from the committe
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +20,7 @@ from raydg.reproduction import (
     verdict,
     write_rows,
 )
+from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ["M0", "M15"]
@@ -102,9 +102,7 @@ def test_the_page_labels_ablations_beside_the_protocols_row():
 
 
 def test_the_committed_page_is_what_the_rows_give():
-    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks/reproduce.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("reproduce")
     assert (ROOT / module.PAGE).read_text() == module.render()
 
 
