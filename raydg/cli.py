@@ -291,16 +291,22 @@ def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
                    "and seeds (repeatable).")
 @click.option("--tracking-uri", help="MLflow store. [default: $MLFLOW_TRACKING_URI or "
                                      "sqlite:///mlflow.db]")
+@click.option("--rows", "rows_files", multiple=True, type=click.Path(exists=True,
+              dir_okay=False), metavar="FILE.json.gz",
+              help="Read the runs from this file written by --export, not from a store "
+                   "(repeatable).")
+@click.option("--export", "export_to", type=click.Path(dir_okay=False), metavar="FILE.json.gz",
+              help="Also write the matching runs (params, metrics, histories) to this file, "
+                   "which --rows reads back.")
 def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str, ...],
            filter_string: str, selection: str | None, fmt: str, output: str | None,
            versus: str | None, ledger: bool, timing: bool, paper: str | None,
-           plot: str | None, per_round: tuple[str, ...], tracking_uri: str | None) -> None:
-    """Print a paper's table from the runs in the MLflow store: methods x held-out domains,
-    mean +- std over seeds. Runs that differ in other settings are never averaged together."""
-    from mlflow import MlflowClient
-
+           plot: str | None, per_round: tuple[str, ...], tracking_uri: str | None,
+           rows_files: tuple[str, ...], export_to: str | None) -> None:
+    """Print a paper's table from the runs in the MLflow store (or runs files): methods x
+    held-out domains, mean +- std over seeds. Runs that differ in other settings are never
+    averaged together."""
     from raydg import report as report_mod
-    from raydg.tracking import tracking_uri as store_uri
 
     published = None
     if paper:  # the paper's dataset and model selection unless others are asked for
@@ -308,7 +314,11 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
         published = config_mod.paper_numbers(values, paper)
         dataset = dataset or values.get("dataset")
         selection = selection or published["selection"]
-    client = MlflowClient(store_uri(config_mod.RunConfig(tracking_uri=tracking_uri)))
+    client = _runs_source(tracking_uri, rows_files, ledger)
+    if export_to:
+        count = report_mod.export(client, Path(export_to), _about(), experiments=experiments,
+                                  dataset=dataset, methods=methods, filter_string=filter_string)
+        click.echo(f"raydg: {count} runs written to {export_to}", err=True)
     text, notes = report_mod.report(
         client, experiments=experiments, dataset=dataset, methods=methods,
         filter_string=filter_string, selection=selection or "selected", fmt=fmt, baseline=versus,
@@ -321,6 +331,33 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
         click.echo(f"raydg: report written to {output}")
     else:
         click.echo(text)
+
+
+def _runs_source(tracking_uri: str | None, rows_files: tuple[str, ...], ledger: bool) -> Any:
+    """The MLflow store, or the runs files that stand for one."""
+    if not rows_files:
+        from mlflow import MlflowClient
+
+        from raydg.tracking import tracking_uri as store_uri
+
+        return MlflowClient(store_uri(config_mod.RunConfig(tracking_uri=tracking_uri)))
+    if tracking_uri:
+        raise RaydgError("--rows reads runs files instead of a store: drop --tracking-uri")
+    if ledger:
+        raise RaydgError("--ledger reads the runs' artifacts, which a runs file does not hold")
+    from raydg.rows import StoredRuns
+
+    return StoredRuns([Path(f) for f in rows_files])
+
+
+def _about() -> dict[str, str]:
+    """What an exported runs file records of its making."""
+    import datetime
+    import platform
+    import sys
+
+    return {"command": " ".join(["raydg", *sys.argv[1:]]),
+            "exported": datetime.date.today().isoformat(), "machine": platform.node()}
 
 
 @cli.group(context_settings=CONTEXT)

@@ -234,7 +234,9 @@ class Federation:
 
     @property
     def not_paper(self) -> str:
-        return not_paper(self.config, searched=self.setting)
+        """Every option off the paper's, searched ones included (the tag ``raydg.not_paper``:
+        a report names them even where a sweep holds them the same for all its runs)."""
+        return not_paper(self.config)
 
     @property
     def row(self) -> str:

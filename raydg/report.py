@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from raydg import rows
 from raydg.config import NOT_RESULTS
 from raydg.errors import EmptyResult, RaydgError
 from raydg.results import (
@@ -52,6 +53,7 @@ class Run:
     params: dict[str, str]
     metrics: dict[str, float]
     not_paper: str = ""  # options that are not the paper's (tag raydg.not_paper), k=v k=v
+    setting: str = ""  # the searched setting that made the run (tag raydg.setting)
 
     def accuracy(self, selection: str) -> float:
         return 100 * self.metrics.get(f"final/target_acc_{selection}/{self.mode}", np.nan)
@@ -74,10 +76,11 @@ class Table:
     rows: list[dict[str, Any]] = field(default_factory=list)  # summary rows, one per method
 
 
-def find_runs(client: Any, experiments: Sequence[str], dataset: str | None,
-              methods: Sequence[str], filter_string: str) -> list[Run]:
-    """The child runs of raydg experiments (all, or those named) that match the filters, in
-    the order they started (which gives the tables' order of methods and targets)."""
+def matching(client: Any, experiments: Sequence[str], dataset: str | None,
+             methods: Sequence[str], filter_string: str) -> list[Any]:
+    """The child runs (MLflow's) of raydg experiments (all, or those named) that match the
+    filters, in the order they started (which gives the tables' order of methods and
+    targets)."""
     from mlflow.exceptions import MlflowException
 
     if experiments:
@@ -92,17 +95,21 @@ def find_runs(client: Any, experiments: Sequence[str], dataset: str | None,
                                   max_results=50000, order_by=["attributes.start_time ASC"])
     except MlflowException as err:
         raise RaydgError(f"--filter {filter_string!r}: {err.message.splitlines()[0]}") from None
+    return [r for r in runs if "raydg.target" in r.data.tags
+            and not (dataset and r.data.tags.get("raydg.dataset") != dataset)
+            and not (methods and r.data.tags.get("raydg.method") not in methods)]
+
+
+def find_runs(client: Any, experiments: Sequence[str], dataset: str | None,
+              methods: Sequence[str], filter_string: str) -> list[Run]:
+    """:func:`matching`, as :class:`Run` records."""
     out = []
-    for r in runs:
+    for r in matching(client, experiments, dataset, methods, filter_string):
         tags = r.data.tags
-        if "raydg.target" not in tags or (dataset and tags.get("raydg.dataset") != dataset):
-            continue
-        if methods and tags.get("raydg.method") not in methods:
-            continue
         out.append(Run(r.info.run_id, r.info.status, tags["raydg.method"], tags["raydg.target"],
                        int(tags["raydg.seed"]), tags.get("raydg.mode", "global"),
                        dict(r.data.params), dict(r.data.metrics),
-                       tags.get("raydg.not_paper", "")))
+                       tags.get("raydg.not_paper", ""), tags.get("raydg.setting", "")))
     return out
 
 
@@ -331,6 +338,17 @@ def timing(client: Any, table: Table) -> dict[str, dict[str, str]]:
                    for m in client.get_metric_history(r.run_id, "round_seconds")]
         out[method] = {"s/round": f"{np.mean(seconds):.2f}"}
     return out
+
+
+def export(client: Any, path: Path, about: dict[str, Any], *, experiments: Sequence[str] = (),
+           dataset: str | None = None, methods: Sequence[str] = (),
+           filter_string: str = "") -> int:
+    """Write the runs a report with these filters reads to the runs file ``path``
+    (:mod:`raydg.rows`); the number of runs."""
+    runs = matching(client, experiments, dataset, methods, filter_string)
+    if not runs:
+        raise EmptyResult(f"no raydg runs to export from {client.tracking_uri}")
+    return rows.export(client, runs, path, about)
 
 
 def report(client: Any, *, experiments: Sequence[str] = (), dataset: str | None = None,

@@ -324,15 +324,11 @@ def format_selection(selection: list[dict[str, Any]], seeds: int) -> str:
                               "Target acc", "Oracle setting", "Oracle acc"], rows)
 
 
-def paired_difference(rows: list[dict[str, Any]], method: str,
-                      baseline: str) -> tuple[float, float, int]:
+def seed_differences(rows: list[dict[str, Any]], method: str, baseline: str) -> np.ndarray:
     """``method`` against ``baseline`` on the same seeds (same partitions and initial model):
-    per seed, the difference of their accuracies averaged over the targets; the mean over
-    seeds, the half-width of its 95 % t-interval (NaN for one seed) and the number of
-    seeds. Only seeds that both have on every target count."""
-    from scipy import stats
-
-    def by_seed(name: str) -> dict[int, list[float]]:
+    per seed, the difference of their accuracies averaged over the targets. Only seeds that
+    both have on every target count."""
+    def by_seed(name: str) -> dict[int, dict[str, float]]:
         out: dict[int, dict[str, float]] = {}
         for r in rows:
             if r["method"] == name:
@@ -341,11 +337,31 @@ def paired_difference(rows: list[dict[str, Any]], method: str,
 
     a, b = by_seed(method), by_seed(baseline)
     seeds = sorted(s for s in set(a) & set(b) if a[s].keys() == b[s].keys())
-    d = np.array([np.mean([a[s][t] - b[s][t] for t in a[s]]) for s in seeds])
+    return np.array([np.mean([a[s][t] - b[s][t] for t in a[s]]) for s in seeds])
+
+
+def paired_difference(rows: list[dict[str, Any]], method: str,
+                      baseline: str) -> tuple[float, float, int]:
+    """:func:`seed_differences`: their mean, the half-width of its 95 % t-interval (NaN for
+    one seed) and the number of seeds."""
+    from scipy import stats
+
+    d = seed_differences(rows, method, baseline)
     if len(d) < 2:
         return (float(d.mean()) if len(d) else float("nan")), float("nan"), len(d)
     half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
     return float(d.mean()), half, len(d)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (Holm 1979): the i-th smallest is
+    multiplied by (m - i + 1), made non-decreasing in that order, capped at 1."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    out, running = [0.0] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        out[i] = running
+    return out
 
 
 def plot_curves(points: Sequence[dict[str, Any]], path: Path) -> None:

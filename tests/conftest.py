@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -19,6 +20,7 @@ def load_benchmark(name: str) -> ModuleType:
     path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

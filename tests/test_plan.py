@@ -279,6 +279,8 @@ def test_options_a_search_varies_are_left_to_the_settings_label():
                            Search(grid={"options.cafl_reduction": ["sum", "mean"],
                                         "method_options.fedfd.lambda2": [4.0, 1.0]}))
     assert {f.row for f in plan.federations} == {"fedfd"}
+    assert {f.not_paper for f in plan.federations} == {  # the tag names them all
+        "", "cafl_reduction=mean", "lambda2=1.0 cafl_reduction=mean", "lambda2=1.0"}
     plan = plan_experiment(RunConfig(dataset="digits-style", method="fedfd", target="plain"),
                            Search(grid={"lr": [0.01, 0.02]}))
     assert [f.row for f in plan.federations] == ["fedfd [cafl_reduction=mean]"] * 2

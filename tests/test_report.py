@@ -25,9 +25,12 @@ from mlflow.artifacts import download_artifacts
 from PIL import Image
 from scipy import stats
 
+from raydg import pages, rows
 from raydg.cli import cli
 from raydg.config import RunConfig
+from raydg.errors import RaydgError
 from raydg.experiment import run_experiment
+from raydg.results import holm
 
 TARGETS = ("M0", "M45")
 SEEDS = (0, 1)
@@ -364,3 +367,76 @@ def test_rows_name_the_options_that_are_not_the_papers(tmp_path, ray_session):
                                           experiment, "--format", "json"])
         assert result.exit_code == 0, result.output
         assert [r["method"] for r in json.loads(result.stdout)] == [name]
+
+
+def test_a_runs_file_reports_what_its_store_does(store, tmp_path):
+    """``--export`` then ``--rows``: the same tables, per-round blocks, filters and pairing as
+    the store gives; the file holds every child run with its histories, in the same bytes
+    when exported again."""
+    path = tmp_path / "runs.json.gz"
+    args = ["--versus", "fedavg", "--per-round", "val_acc", "--format", "markdown"]
+    exported = _invoke(store, "--export", str(path), *args)
+    assert exported.exit_code == 0, exported.output
+    data = rows.load(path)
+    children = _children(store)
+    assert sorted(r["run_id"] for r in data["runs"]) == sorted(r.info.run_id for r in children)
+    one = children[0]
+    assert dict(map(tuple, next(r for r in data["runs"] if r["run_id"] == one.info.run_id)
+                    ["history"]["val_acc"])) == {m.step: m.value for m in MlflowClient(
+                        store).get_metric_history(one.info.run_id, "val_acc")}
+    for extra in ([], ["--filter", "params.lr = '0.5'"],
+                  ["--filter", "params.lr != '0.5' and tags.`raydg.target` = 'M0'"]):
+        from_rows = CliRunner().invoke(cli, ["report", "--rows", str(path), *args, *extra])
+        assert from_rows.exit_code == 0, from_rows.output
+        assert from_rows.stdout == _invoke(store, *args, *extra).stdout
+    again = tmp_path / "again.json.gz"
+    assert _invoke(store, "--export", str(again), *args).exit_code == 0
+    assert again.read_bytes() == path.read_bytes()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--filter", "metrics.val_acc > 0.5"], "a runs file takes conditions"),
+    (["--tracking-uri", "sqlite:///x.db"], "drop --tracking-uri"),
+    (["--ledger"], "does not hold"),
+])
+def test_a_runs_file_refuses_what_it_cannot_answer(store, tmp_path, args, message):
+    path = tmp_path / "runs.json.gz"
+    assert _invoke(store, "--export", str(path)).exit_code == 0
+    result = CliRunner().invoke(cli, ["report", "--rows", str(path), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_holm_matches_a_hand_computation():
+    """Holm (1979) on p = (0.01, 0.04, 0.03, 0.5): sorted 0.01, 0.03, 0.04, 0.5 times 4, 3,
+    2, 1 = 0.04, 0.09, 0.08 -> 0.09 (monotone), 0.5."""
+    assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert holm([0.3, 0.6]) == pytest.approx([0.6, 0.6])
+
+
+def test_a_page_template_is_filled_from_runs_files(store, tmp_path):
+    """A ``report`` block becomes its command and tables; references become its numbers,
+    which are the ones computed here from the runs' histories; a missing runs file says so;
+    an unknown method is an error, not a blank."""
+    assert _invoke(store, "--export", str(tmp_path / "two.json.gz"),
+                   "--filter", "params.lr != '0.5'").exit_code == 0
+    template = ("```report\nid: q\nrows: two\nversus: fedavg\nper_round: [val_acc]\n```\n"
+                "FedBN {{q | fedbn | Avg}} ({{q | fedbn | vs fedavg (95% CI)}}), round 2 "
+                "{{q | fedavg | val_acc round 2}}.\n"
+                "```report\nid: later\nrows: absent\nmake: python make.py x\n```\n"
+                "{{later | fedavg | Avg}}\n")
+    page = pages.render(template, tmp_path)
+    expected = _expected(store, "selected", "0.05")
+    d = np.array(expected["fedbn"]["per_seed"]) - np.array(expected["fedavg"]["per_seed"])
+    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    client = MlflowClient(store)
+    val2 = np.mean([m.value for r in _children(store, "0.05") if r.data.tags["raydg.method"]
+                    == "fedavg" for m in client.get_metric_history(r.info.run_id, "val_acc")
+                    if m.step == 2])
+    assert (f"FedBN {expected['fedbn']['Avg']:.2f} ({d.mean():+.2f} ± {half:.2f}), round 2 "
+            f"{val2:.4g}.") in page
+    assert page.startswith(f"```\nraydg report --rows {tmp_path / 'two.json.gz'} --versus "
+                           "fedavg --per-round val_acc --format markdown\n```\n\n**Accuracy")
+    assert (f"*Not yet run:* `{tmp_path / 'absent.json.gz'}` is missing; `python make.py x` "
+            "makes it.\n(not yet run)\n") in page
+    with pytest.raises(RaydgError, match="0 rows of method 'fedprox'"):
+        pages.render(template.replace("q | fedbn | Avg", "q | fedprox | Avg"), tmp_path)

@@ -1,0 +1,113 @@
+"""Docs pages regenerated from runs files, never edited by hand.
+
+A page's template is markdown with two kinds of placeholders:
+
+* a ``report`` block: a fenced block whose body is a YAML mapping, the query of one
+  ``raydg report``::
+
+      ```report
+      id: gma                      # how references name it
+      rows: fedgma-step-digits-style   # the runs file ROWS_DIR/<rows>.json.gz
+      make: python benchmarks/fidelity.py ablation fedgma-step-digits-style
+      versus: fedavg               # and any of: method (list), dataset, filter, selection,
+      per_round: [target_acc]      #   per_round (list), hidden (true: print nothing)
+      ```
+
+  becomes the command that prints it and its markdown tables, or, while the runs file is
+  missing, a line that says so and how it is made (``make``: the command);
+* a reference ``{{gma | fedgma [defaults] | Avg}}``: one number of that report, the column
+  (a target, ``Avg``, ``Avg_std``, ``vs fedavg (95% CI)``, or ``METRIC round N``) of the row
+  of that method, as the report prints it; ``(not yet run)`` while its runs file is missing.
+
+A query that matches no run, an unknown id, method or column is an error: a page never shows
+a blank where a number was meant to be.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raydg.errors import RaydgError
+from raydg.report import report
+from raydg.rows import StoredRuns
+
+BLOCK = re.compile(r"^```report\n(?P<body>.*?)^```\n", re.MULTILINE | re.DOTALL)
+REFERENCE = re.compile(r"\{\{([^}|]+)\|([^}|]+)\|([^}]+)\}\}")
+QUERY_KEYS = {"id", "rows", "make", "hidden", "method", "dataset", "filter", "selection",
+              "versus", "per_round"}
+MISSING = "(not yet run)"
+
+
+def command(path: Path, query: dict[str, Any]) -> str:
+    """The ``raydg report`` command line of a query."""
+    words = ["raydg", "report", "--rows", str(path)]
+    for key, flag in (("method", "--method"), ("dataset", "--dataset"), ("filter", "--filter"),
+                      ("selection", "--selection"), ("versus", "--versus"),
+                      ("per_round", "--per-round")):
+        values = query.get(key)
+        for value in values if isinstance(values, list) else [values] if values else []:
+            words += [flag, str(value)]
+    return shlex.join([*words, "--format", "markdown"])
+
+
+def run_query(path: Path, query: dict[str, Any], fmt: str) -> str:
+    text, _ = report(StoredRuns([path]), methods=query.get("method", ()),
+                     dataset=query.get("dataset"), filter_string=query.get("filter", ""),
+                     selection=query.get("selection", "selected"), fmt=fmt,
+                     baseline=query.get("versus"), per_round=query.get("per_round", ()))
+    return text
+
+
+def render(template: str, rows_dir: Path, shown: Path | None = None) -> str:
+    """The page: every ``report`` block and reference of ``template`` filled in from the runs
+    files in ``rows_dir``, which the page calls ``shown`` (e.g. relative to the repository,
+    so that the page does not depend on where the checkout lives)."""
+    records: dict[str, list[dict[str, Any]] | None] = {}
+
+    def block(match: re.Match[str]) -> str:
+        query = yaml.safe_load(match["body"])
+        unknown = set(query) - QUERY_KEYS
+        if unknown or "id" not in query or "rows" not in query:
+            raise RaydgError(f"report block {query}: needs id and rows; unknown keys "
+                             f"{sorted(unknown)}")
+        path, name = (d / f"{query['rows']}.json.gz" for d in (rows_dir, shown or rows_dir))
+        if not path.exists():
+            records[query["id"]] = None
+            how = f"; `{query['make']}` makes it" if "make" in query else ""
+            return "" if query.get("hidden") else f"*Not yet run:* `{name}` is missing{how}.\n"
+        records[query["id"]] = json.loads(run_query(path, query, "json"))
+        if query.get("hidden"):
+            return ""
+        return f"```\n{command(name, query)}\n```\n\n{run_query(path, query, 'markdown')}\n"
+
+    def reference(match: re.Match[str]) -> str:
+        name, method, column = (part.strip() for part in match.groups())
+        if name not in records:
+            raise RaydgError(f"{match[0]}: no report block with id {name!r} before it")
+        found = records[name]
+        return MISSING if found is None else value(found, method, column, match[0])
+
+    return REFERENCE.sub(reference, BLOCK.sub(block, template))
+
+
+def value(records: list[dict[str, Any]], method: str, column: str, where: str) -> str:
+    """One cell of a report's records, formatted as the markdown tables print it."""
+    metric, _, rnd = column.rpartition(" round ")
+    if metric and rnd.isdigit():
+        rows = [r for r in records if r.get("metric") == metric and r["method"] == method]
+        column = f"round {rnd}"
+    else:
+        rows = [r for r in records if "metric" not in r and r["method"] == method]
+    if len(rows) != 1 or column not in rows[0]:
+        raise RaydgError(f"{where}: {len(rows)} rows of method {method!r}"
+                         + (f" and none has column {column!r}" if rows else ""))
+    found = rows[0][column]
+    if isinstance(found, str):
+        return found
+    return f"{found:.4g}" if metric and rnd.isdigit() else f"{found:.2f}"
