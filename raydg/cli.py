@@ -289,6 +289,9 @@ def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
 @click.option("--per-round", "per_round", multiple=True, metavar="METRIC",
               help="Add METRIC per round (e.g. val_acc, csac/alignment), mean over domains "
                    "and seeds (repeatable).")
+@click.option("--metric", "metrics", multiple=True, metavar="METRIC",
+              help="Add a column: the mean over each method's runs of this final metric, e.g. "
+                   "final/fedfd-a/target_alpha/bn1 (repeatable).")
 @click.option("--tracking-uri", help="MLflow store. [default: $MLFLOW_TRACKING_URI or "
                                      "sqlite:///mlflow.db]")
 @click.option("--rows", "rows_files", multiple=True, type=click.Path(exists=True,
@@ -301,8 +304,8 @@ def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
 def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str, ...],
            filter_string: str, selection: str | None, fmt: str, output: str | None,
            versus: str | None, ledger: bool, timing: bool, paper: str | None,
-           plot: str | None, per_round: tuple[str, ...], tracking_uri: str | None,
-           rows_files: tuple[str, ...], export_to: str | None) -> None:
+           plot: str | None, per_round: tuple[str, ...], metrics: tuple[str, ...],
+           tracking_uri: str | None, rows_files: tuple[str, ...], export_to: str | None) -> None:
     """Print a paper's table from the runs in the MLflow store (or runs files): methods x
     held-out domains, mean +- std over seeds. Runs that differ in other settings are never
     averaged together."""
@@ -323,7 +326,7 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
         client, experiments=experiments, dataset=dataset, methods=methods,
         filter_string=filter_string, selection=selection or "selected", fmt=fmt, baseline=versus,
         ledger=ledger, seconds=timing, paper=published, plot=Path(plot) if plot else None,
-        per_round=per_round)
+        per_round=per_round, metrics=metrics)
     for note in notes:  # on stderr, apart from the data
         click.echo(f"raydg: {note}", err=True)
     if output:

@@ -10,14 +10,20 @@ A page's template is markdown with two kinds of placeholders:
       rows: fedgma-step-digits-style   # the runs file ROWS_DIR/<rows>.json.gz
       make: python benchmarks/fidelity.py ablation fedgma-step-digits-style
       versus: fedavg               # and any of: method (list), dataset, filter, selection,
-      per_round: [target_acc]      #   per_round (list), hidden (true: print nothing)
+      per_round: [target_acc]      #   per_round and metric (lists), hidden (true: print
+                                   #   nothing)
       ```
 
   becomes the command that prints it and its markdown tables, or, while the runs file is
   missing, a line that says so and how it is made (``make``: the command);
 * a reference ``{{gma | fedgma [defaults] | Avg}}``: one number of that report, the column
-  (a target, ``Avg``, ``Avg_std``, ``vs fedavg (95% CI)``, or ``METRIC round N``) of the row
-  of that method, as the report prints it; ``(not yet run)`` while its runs file is missing.
+  (a target, ``Avg``, ``Avg_std``, ``vs fedavg (95% CI)``, a ``metric``, or
+  ``METRIC round N``) of the row of that method, as the report prints it; ``(not yet run)``
+  while its runs file is missing.
+
+* a ``diagnostic`` block (``id`` and ``name``): the table that the function of that name,
+  given to :func:`render`, computes (a diagnostic of the data, not of runs): records whose
+  first key, ``method``, names the row; references read it as they read a report.
 
 A query that matches no run, an unknown id, method or column is an error: a page never shows
 a blank where a number was meant to be.
@@ -28,6 +34,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +44,11 @@ from raydg.errors import RaydgError
 from raydg.report import report
 from raydg.rows import StoredRuns
 
-BLOCK = re.compile(r"^```report\n(?P<body>.*?)^```\n", re.MULTILINE | re.DOTALL)
+BLOCK = re.compile(r"^```(?P<kind>report|diagnostic)\n(?P<body>.*?)^```\n",
+                   re.MULTILINE | re.DOTALL)
 REFERENCE = re.compile(r"\{\{([^}|]+)\|([^}|]+)\|([^}]+)\}\}")
 QUERY_KEYS = {"id", "rows", "make", "hidden", "method", "dataset", "filter", "selection",
-              "versus", "per_round"}
+              "versus", "per_round", "metric"}
 MISSING = "(not yet run)"
 
 
@@ -49,7 +57,7 @@ def command(path: Path, query: dict[str, Any]) -> str:
     words = ["raydg", "report", "--rows", str(path)]
     for key, flag in (("method", "--method"), ("dataset", "--dataset"), ("filter", "--filter"),
                       ("selection", "--selection"), ("versus", "--versus"),
-                      ("per_round", "--per-round")):
+                      ("per_round", "--per-round"), ("metric", "--metric")):
         values = query.get(key)
         for value in values if isinstance(values, list) else [values] if values else []:
             words += [flag, str(value)]
@@ -60,18 +68,25 @@ def run_query(path: Path, query: dict[str, Any], fmt: str) -> str:
     text, _ = report(StoredRuns([path]), methods=query.get("method", ()),
                      dataset=query.get("dataset"), filter_string=query.get("filter", ""),
                      selection=query.get("selection", "selected"), fmt=fmt,
-                     baseline=query.get("versus"), per_round=query.get("per_round", ()))
+                     baseline=query.get("versus"), per_round=query.get("per_round", ()),
+                     metrics=query.get("metric", ()))
     return text
 
 
-def render(template: str, rows_dir: Path, shown: Path | None = None) -> str:
-    """The page: every ``report`` block and reference of ``template`` filled in from the runs
-    files in ``rows_dir``, which the page calls ``shown`` (e.g. relative to the repository,
-    so that the page does not depend on where the checkout lives)."""
+Diagnostic = Callable[[], tuple[str, list[dict[str, Any]]]]  # -> (caption, records)
+
+
+def render(template: str, rows_dir: Path, shown: Path | None = None,
+           diagnostics: Mapping[str, Diagnostic] | None = None) -> str:
+    """The page: every block and reference of ``template`` filled in from the runs files in
+    ``rows_dir``, which the page calls ``shown`` (e.g. relative to the repository, so that the
+    page does not depend on where the checkout lives), and from ``diagnostics``."""
     records: dict[str, list[dict[str, Any]] | None] = {}
 
     def block(match: re.Match[str]) -> str:
         query = yaml.safe_load(match["body"])
+        if match["kind"] == "diagnostic":
+            return diagnostic(query, diagnostics or {}, records)
         unknown = set(query) - QUERY_KEYS
         if unknown or "id" not in query or "rows" not in query:
             raise RaydgError(f"report block {query}: needs id and rows; unknown keys "
@@ -94,6 +109,21 @@ def render(template: str, rows_dir: Path, shown: Path | None = None) -> str:
         return MISSING if found is None else value(found, method, column, match[0])
 
     return REFERENCE.sub(reference, BLOCK.sub(block, template))
+
+
+def diagnostic(query: dict[str, Any], diagnostics: Mapping[str, Diagnostic],
+               records: dict[str, list[dict[str, Any]] | None]) -> str:
+    """A ``diagnostic`` block: its caption and table, its records kept for references."""
+    if set(query) != {"id", "name"} or query["name"] not in diagnostics:
+        raise RaydgError(f"diagnostic block {query}: needs id and name, one of "
+                         f"{sorted(diagnostics)}")
+    caption, rows = diagnostics[query["name"]]()
+    records[query["id"]] = rows
+    head = list(dict.fromkeys(k for r in rows for k in r))
+    lines = [f"**{caption}** (diagnostic `{query['name']}`)", "",
+             "| " + " | ".join(["", *head[1:]]) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r.get(k, "")) for k in head) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
 
 
 def value(records: list[dict[str, Any]], method: str, column: str, where: str) -> str:

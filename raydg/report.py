@@ -174,13 +174,26 @@ def versus(table: Table, baseline: str, selection: str) -> dict[str, dict[str, s
     return out
 
 
+def final_means(table: Table, metrics: Sequence[str]) -> dict[str, dict[str, str]]:
+    """``--metric``: per method, the mean over its runs of each final metric it logged."""
+    out: dict[str, dict[str, str]] = {}
+    for metric in metrics:
+        for method in first_seen([row_name(r, table.runs) for r in table.runs]):
+            values = [r.metrics[metric] for r in table.runs
+                      if row_name(r, table.runs) == method and metric in r.metrics]
+            if values:
+                out.setdefault(method, {})[metric] = f"{np.mean(values):.4g}"
+    return out
+
+
 def columns(client: Any, table: Table, selection: str, baseline: str | None, ledger: bool,
-            seconds: bool) -> dict[str, dict[str, str]]:
-    """The optional columns of a table, by method: ``--versus``, ``--ledger``, ``--timing``."""
+            seconds: bool, metrics: Sequence[str] = ()) -> dict[str, dict[str, str]]:
+    """The optional columns of a table, by method: ``--versus``, ``--ledger``, ``--timing``,
+    ``--metric``."""
     out: dict[str, dict[str, str]] = {}
     for part in (versus(table, baseline, selection) if baseline else {},
                  communication(client, table) if ledger else {},
-                 timing(client, table) if seconds else {}):
+                 timing(client, table) if seconds else {}, final_means(table, metrics)):
         for m, cols in part.items():
             out.setdefault(m, {}).update(cols)
     return out
@@ -355,7 +368,8 @@ def report(client: Any, *, experiments: Sequence[str] = (), dataset: str | None 
            methods: Sequence[str] = (), filter_string: str = "", selection: str = "selected",
            fmt: str = "console", baseline: str | None = None, ledger: bool = False,
            seconds: bool = False, paper: dict[str, Any] | None = None,
-           plot: Path | None = None, per_round: Sequence[str] = ()) -> tuple[str, list[str]]:
+           plot: Path | None = None, per_round: Sequence[str] = (),
+           metrics: Sequence[str] = ()) -> tuple[str, list[str]]:
     """The report in format ``fmt`` and, for the formats that are data, the notes on it
     (tables kept apart, runs left out), which the console format holds in its text;
     :class:`RaydgError` for bad input, :class:`EmptyResult` when no finished run matches."""
@@ -371,7 +385,10 @@ def report(client: Any, *, experiments: Sequence[str] = (), dataset: str | None 
     if baseline and baseline not in names:
         raise RaydgError(f"--versus {baseline}: no such method in the tables; methods: "
                          f"{', '.join(names)}")
-    extras = [columns(client, t, selection, baseline, ledger, seconds) for t in tabs]
+    extras = [columns(client, t, selection, baseline, ledger, seconds, metrics) for t in tabs]
+    absent = [m for m in metrics if not any(m in r.metrics for t in tabs for r in t.runs)]
+    if absent:
+        raise RaydgError(f"--metric {absent[0]}: no matching finished run logged it")
     apart = [f"{len(tabs)} tables: the runs differ in {', '.join(differing(tabs))}, which are "
              "never averaged together"] if len(tabs) > 1 else []
     unfinished = ", ".join(f"{r.method} {r.target} seed={r.seed} ({r.status})"

@@ -42,9 +42,10 @@ class FederationResult:
     tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     plots: dict[str, tuple[str, ...]] = field(default_factory=dict)  # table -> plot spec
     setting: dict[str, Any] = field(default_factory=dict)  # the searched keys' values
+    final: dict[str, float] = field(default_factory=dict)  # the method's summary metrics
 
     SUMMARY = ("method", "target", "seed", "selected_round", "selected", "last", "oracle",
-               "oracle_round", "plots", "setting")
+               "oracle_round", "plots", "setting", "final")
 
     @property
     def mode(self) -> str:
@@ -70,6 +71,7 @@ class FederationResult:
     def load(cls, path: Path) -> FederationResult:
         """Read what :meth:`save` wrote."""
         summary = json.loads((path / "result.json").read_text())
+        summary.setdefault("final", {})  # a result saved by an older raydg
         summary["plots"] = {k: tuple(v) for k, v in summary["plots"].items()}
         selected = path / "selected_state.npz"
         tables = {p.stem: pq.read_table(p).to_pylist() for p in sorted(path.glob("*.parquet"))}

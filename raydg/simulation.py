@@ -296,9 +296,9 @@ class Simulation:
             last, self._pending = self._pending, None
             if last is not None:
                 finish(*last)
-            for name, rows in self.evaluator.analyze(self.global_state).items():
-                self.tables[f"target_{name}"] = rows
-            result = self._result(self.history)
+            analysis = self.evaluator.analyze(self.global_state)
+            self.tables.update({f"target_{name}": rows for name, rows in analysis.items()})
+            result = self._result(self.history, self.method.summarize(analysis))
             finished = True
             return result
         finally:
@@ -365,7 +365,8 @@ class Simulation:
                        f"after round {rnd} (mean training loss {loss:.3g}): training diverged "
                        "and every later accuracy is meaningless.")
 
-    def _result(self, history: list[dict[str, float]]) -> FederationResult:
+    def _result(self, history: list[dict[str, float]],
+                final: dict[str, float]) -> FederationResult:
         best = max((r for r in history if "val_acc" in r),  # the last round always is
                    key=lambda r: (r["val_acc"], -r["round"]))
         modes = [f"target_acc/{m}" for m in self.method.eval_modes]
@@ -383,5 +384,5 @@ class Simulation:
             oracle_round={m.split("/", 1)[1]: int(max(history, key=lambda r, m=m: (
                 r[m], -r["round"]))["round"]) for m in modes},
             global_state=self.global_state, tables=tables,
-            plots=dict(self.method.plots),
+            plots=dict(self.method.plots), final=final,
         )

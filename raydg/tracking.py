@@ -295,6 +295,7 @@ class Tracker:
             metrics[f"final/target_acc_selected/{mode}"] = result.selected[mode]
             metrics[f"final/target_acc_last/{mode}"] = result.last[mode]
             metrics[f"final/target_acc_oracle/{mode}"] = result.oracle[mode]
+        metrics.update({f"final/{k}": v for k, v in result.final.items()})
         self._metrics(self._child(key), metrics)
         self._call(lambda: self.client.set_tag(self.children[key], "raydg.mode", result.mode))
         tables = {"history": result.history, **result.tables}

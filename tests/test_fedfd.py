@@ -260,6 +260,11 @@ def test_fedfd_a_runs_on_ray_and_reports_every_inference_mode(ray_session):
     assert all(0 <= r["alpha"] <= 1 for r in alphas)
     assert result.plots == {"target_alpha": ("box", "layer", "alpha")}
     assert all(np.isfinite(r["train_loss"]) for r in result.history)
+    for layer in {r["layer"] for r in alphas}:  # the summary the report can show
+        mine = [r["alpha"] for r in alphas if r["layer"] == layer]
+        assert result.final[f"fedfd-a/target_alpha/{layer}"] == pytest.approx(np.mean(mine))
+        assert result.final[f"fedfd-a/target_alpha_zero/{layer}"] == pytest.approx(
+            np.mean([a == 0 for a in mine]))
 
 
 def test_mixstyle_statistics_match_numpy():

@@ -369,6 +369,17 @@ def test_rows_name_the_options_that_are_not_the_papers(tmp_path, ray_session):
         assert [r["method"] for r in json.loads(result.stdout)] == [name]
 
 
+def test_metric_is_the_mean_of_a_final_metric_over_each_methods_runs(store):
+    rows = _csv(store, "--metric", "steps_per_client", "--filter", "params.lr != '0.5'")
+    for row in rows:
+        runs = [r for r in _children(store, "0.05")
+                if r.data.tags["raydg.method"] == row["method"]]
+        expected = np.mean([r.data.metrics["steps_per_client"] for r in runs])
+        assert float(row["steps_per_client"]) == pytest.approx(expected, rel=1e-3)
+    result = _invoke(store, "--metric", "final/nothing")
+    assert result.exit_code == 2 and "no matching finished run logged it" in result.output
+
+
 def test_a_runs_file_reports_what_its_store_does(store, tmp_path):
     """``--export`` then ``--rows``: the same tables, per-round blocks, filters and pairing as
     the store gives; the file holds every child run with its histories, in the same bytes
@@ -440,3 +451,14 @@ def test_a_page_template_is_filled_from_runs_files(store, tmp_path):
             "makes it.\n(not yet run)\n") in page
     with pytest.raises(RaydgError, match="0 rows of method 'fedprox'"):
         pages.render(template.replace("q | fedbn | Avg", "q | fedprox | Avg"), tmp_path)
+
+
+def test_a_diagnostic_block_is_its_functions_table(tmp_path):
+    diagnostics = {"d": lambda: ("Caption", [{"method": "a", "x": "1.5"},
+                                             {"method": "b", "x": "2"}])}
+    page = pages.render("```diagnostic\nid: q\nname: d\n```\nb has {{q | b | x}}.\n",
+                        tmp_path, diagnostics=diagnostics)
+    assert page == ("**Caption** (diagnostic `d`)\n\n|  | x |\n|---|---|\n| a | 1.5 |\n"
+                    "| b | 2 |\nb has 2.\n")
+    with pytest.raises(RaydgError, match="one of"):
+        pages.render("```diagnostic\nid: q\nname: e\n```\n", tmp_path, diagnostics=diagnostics)

@@ -16,7 +16,7 @@ server phases          ``setup``, ``aggregate``, ``on_round_end``  CSAC, CCST, g
 aggregation weights    ``aggregation_weights``                     FedDG-GA
 model selection        ``validation_weights``                      FedDG-GA
 inference              ``eval_modes``, ``predict``                 FedFD-A's statistics
-analysis and plots     ``analyze``, ``plots``                      FedFD-A, gPerXAN
+analysis and plots     ``analyze``, ``plots``, ``summarize``       FedFD-A, gPerXAN
 =====================  ==========================================  =========================
 
 Two kinds of method compose with any other (``raydg.methods.method_class``): an
@@ -278,6 +278,11 @@ class Method:
     def analyze(self, model: nn.Module, batches: Iterator[Tensor]) -> dict[str, list[dict]]:
         """Tables about the final global model on the target images (run once, on the
         evaluator); each becomes an artifact ``target_<name>``."""
+        return {}
+
+    def summarize(self, tables: dict[str, list[dict]]) -> dict[str, float]:
+        """Final metrics drawn from :meth:`analyze`'s tables (logged ``final/<name>``, which a
+        report can show, ``raydg report --metric``, where artifacts do not travel)."""
         return {}
 
     # ------------------------------------------------------------------ server side

@@ -56,6 +56,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -369,6 +370,16 @@ class FedFDA(FedFD):
         finally:
             for _, m in layers:
                 m.record = None
+
+    def summarize(self, tables: dict[str, list[dict]]) -> dict[str, float]:
+        """Per BN layer, over the target images: the mean of alpha = T(eps)
+        (``fedfd-a/target_alpha/<layer>``) and its share clamped to 0 (``target_alpha_zero``)."""
+        out = {}
+        for layer in dict.fromkeys(r["layer"] for r in tables.get("alpha", [])):
+            alpha = np.array([r["alpha"] for r in tables["alpha"] if r["layer"] == layer])
+            out[f"fedfd-a/target_alpha/{layer}"] = float(alpha.mean())
+            out[f"fedfd-a/target_alpha_zero/{layer}"] = float((alpha == 0).mean())
+        return out
 
     @staticmethod
     def split_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
