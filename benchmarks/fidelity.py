@@ -369,6 +369,35 @@ def claims_table(claims: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def by_regime(claims: list[dict[str, Any]]) -> list[str]:
+    """Markdown: each claim's Holm verdict (and difference) per dataset and regime side by
+    side, then the claims whose verdict from glyphs changes from the neutral start."""
+    columns = first_seen([(r["dataset"], r["regime"]) for r in claims])
+    keys = first_seen([(r["claim"].method, r["claim"].baseline) for r in claims])
+
+    def short(r: dict[str, Any]) -> str:
+        word = verdict(r["mean"], r["holm"]) if r["in_scope"] else "out of scope"
+        return f"{r['mean']:+.1f} {word}"
+
+    cell = {(r["claim"].method, r["claim"].baseline, r["dataset"], r["regime"]): r
+            for r in claims}
+    lines = ["| claim | " + " | ".join(f"{d}, {g}" for d, g in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for m, b in keys:
+        lines.append(f"| {m} ≥ {b} | " + " | ".join(
+            short(cell[m, b, d, g]) if (m, b, d, g) in cell else "" for d, g in columns) + " |")
+    changed = [f"{m} ≥ {b} on {d} ({short(cell[m, b, d, 'glyphs'])} from glyphs, "
+               f"{short(cell[m, b, d, 'neutral'])} from neutral)" for m, b in keys
+               for d in DATASETS if {(m, b, d, "glyphs"), (m, b, d, "neutral")} <= set(cell)
+               and short(cell[m, b, d, "glyphs"]).split(" ", 1)[1]
+               != short(cell[m, b, d, "neutral"]).split(" ", 1)[1]]
+    compared = sum({(m, b, d, "glyphs"), (m, b, d, "neutral")} <= set(cell)
+                   for m, b in keys for d in DATASETS)
+    return [*lines, "", f"Glyphs against neutral pretraining: {compared} claim(s) have both; "
+            f"the verdict changes for {len(changed)}" + (": " + "; ".join(changed) if changed
+                                                         else "") + "."]
+
+
 def page(rows_dir: Path, shown: Path = ROWS) -> str:
     """docs/fidelity.md from the runs files in ``rows_dir`` (named ``shown`` on the page): the
     claims first (effect sizes, then verdicts), then per dataset and regime every method's
@@ -407,7 +436,9 @@ def page(rows_dir: Path, shown: Path = ROWS) -> str:
             f"verdict holds or is reversed at p < {ALPHA}. Out of scope: a rotation shift, "
             "which the styles that the method exchanges or mixes do not carry. "
             "`m [mode]` is method m's runs evaluated in another inference mode.", "",
-            *claims_table(claims), ""]
+            *claims_table(claims), "", "### Verdicts by regime", "",
+            "Holm verdict and difference of each claim, per dataset and regime.", "",
+            *by_regime(claims), ""]
     for dataset in first_seen([r["dataset"] for r in rows]):
         for regime in first_seen([r["regime"] for r in rows]):
             every = [r for r in rows if (r["dataset"], r["regime"]) == (dataset, regime)

@@ -118,3 +118,19 @@ def test_a_claim_outside_its_papers_shift_is_labelled_and_left_out_of_the_family
 def test_the_committed_pages_are_what_their_runs_files_give(capsys):
     """docs/fidelity.md and docs/fidelity-ablations.md, byte for byte (`page --check`)."""
     assert fidelity.main(["page", "--check"]) == 0, capsys.readouterr().err
+
+
+def test_verdicts_from_glyphs_and_neutral_sit_side_by_side_and_changes_are_named():
+    """fedgma gains steadily over FedAvg from glyphs (holds) and not from neutral (noise)."""
+    gains = {"glyphs": (2.0, 2.1, 1.9, 2.0, 2.2), "neutral": (3.0, -2.0, 1.0, -1.5, 0.5)}
+    rows_ = [{"method": m, "target": t, "seed": s, "accuracy": 50.0 + (g if m == "fedgma" else 0),
+              "dataset": "digits-style", "regime": regime, "protocol": "feddg", "chosen": True}
+             for regime, gain in gains.items() for m in ("fedavg", "fedgma")
+             for t in TARGETS for s, g in enumerate(gain)]
+    lines = fidelity.by_regime([c for c in fidelity.claim_rows(rows_)
+                                if c["claim"].method == "fedgma"])
+    assert lines[0] == "| claim | digits-style, glyphs | digits-style, neutral |"
+    assert lines[2].startswith("| fedgma ≥ fedavg | +2.0 holds | +0.2 not significant |")
+    assert lines[-1] == ("Glyphs against neutral pretraining: 1 claim(s) have both; the verdict "
+                         "changes for 1: fedgma ≥ fedavg on digits-style (+2.0 holds from "
+                         "glyphs, +0.2 not significant from neutral).")
