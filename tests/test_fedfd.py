@@ -411,3 +411,15 @@ def test_adapter_steps_log_alpha_its_clamped_share_and_the_gradient(eps_bias, al
     assert logged["alpha_zero"] == logged["eps_zero"] == [zero]
     assert (logged["adapter_grad"][0] > 0) == gradient
     assert all(m.record is None for _, m in mix_layers(ctx.model))  # recording stopped
+
+
+def test_adapter_lr_scale_multiplies_the_adapters_learning_rate_only():
+    host, method, spec = _host("fedfd-a", adapter_lr_scale=10.0)
+    ctx = host._context(0, 1, state.to_numpy(method.build_model(spec)))
+    method.start_round(ctx)
+    lr = host.cfg.lr
+    assert [g["lr"] for g in ctx.optimizer.param_groups] == [lr]
+    assert [g["lr"] for g in ctx.scratch["adapter_optimizer"].param_groups] == [
+        pytest.approx(10 * lr)]
+    with pytest.raises(RaydgError, match="adapter_lr_scale"):
+        METHODS.get("fedfd-a").parse_options({"adapter_lr_scale": 0})

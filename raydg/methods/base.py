@@ -94,11 +94,11 @@ class ClientContext:
     metrics: dict[str, list[float]] = field(default_factory=dict)
     steps: int = 0
 
-    def make_optimizer(self, params) -> torch.optim.Optimizer:
+    def make_optimizer(self, params, scale: float = 1.0) -> torch.optim.Optimizer:
         """The run's ``optimizer``: SGD with its momentum and weight decay, or Adam with its
         default betas (ELCFS's code) and the weight decay; the learning rate follows
-        ``lr_schedule`` by round."""
-        cfg, lr = self.config, learning_rate(self.config, self.round)
+        ``lr_schedule`` by round, times ``scale``."""
+        cfg, lr = self.config, scale * learning_rate(self.config, self.round)
         if cfg.optimizer == "adam":
             return torch.optim.Adam(list(params), lr=lr, weight_decay=cfg.weight_decay)
         return torch.optim.SGD(list(params), lr=lr, momentum=cfg.momentum,

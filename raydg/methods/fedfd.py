@@ -319,6 +319,9 @@ class FedFDAOptions(FedFDOptions):
     # starts at v (0.5: the centre of the clamp), so no layer starts with alpha = 0 for every
     # input, the clamp's dead zone, where only the noise z*delta of Eq. (7) passes a gradient
     adapter_eps_init: float | None = None
+    # the adapter's learning rate over the main network's (FedFD-A §4.1 trains both with one
+    # SGD, lr 0.01: 1 is the paper's; a control for an adapter that learns too slowly)
+    adapter_lr_scale: float = 1.0
     eval_modes: list[str] = field(
         default_factory=lambda: ["adapter", "global", "instance", "fixed", "random"])
 
@@ -341,6 +344,8 @@ class FedFDA(FedFD):
         if o.adapter_eps_init is not None and not (
                 isinstance(o.adapter_eps_init, int | float) and 0 <= o.adapter_eps_init <= 1):
             raise RaydgError(f"{cls.name}: adapter_eps_init must be in [0, 1] or null")
+        if not (isinstance(o.adapter_lr_scale, int | float) and o.adapter_lr_scale > 0):
+            raise RaydgError(f"{cls.name}: adapter_lr_scale must be > 0")
 
     def adapter_hidden(self, channels: int) -> int | None:
         return max(4, channels // self.options.adapter_reduction)
@@ -392,7 +397,8 @@ class FedFDA(FedFD):
     def start_round(self, ctx: ClientContext) -> None:
         main, adapters = self.split_params(ctx.model)
         ctx.optimizer = ctx.make_optimizer(main)
-        ctx.scratch["adapter_optimizer"] = ctx.make_optimizer(adapters)
+        ctx.scratch["adapter_optimizer"] = ctx.make_optimizer(adapters,
+                                                              self.options.adapter_lr_scale)
         ctx.scratch["params"] = (main, adapters)
         set_reference(ctx.model, ctx.global_state)
 
