@@ -291,7 +291,7 @@ def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
                    "and seeds (repeatable).")
 @click.option("--metric", "metrics", multiple=True, metavar="METRIC",
               help="Add a column: the mean over each method's runs of this final metric, e.g. "
-                   "final/fedfd-a/target_alpha/bn1 (repeatable).")
+                   "final/fedfd-a/target_alpha/features.1 (repeatable).")
 @click.option("--tracking-uri", help="MLflow store. [default: $MLFLOW_TRACKING_URI or "
                                      "sqlite:///mlflow.db]")
 @click.option("--rows", "rows_files", multiple=True, type=click.Path(exists=True,

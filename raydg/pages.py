@@ -1,6 +1,6 @@
 """Docs pages regenerated from runs files, never edited by hand.
 
-A page's template is markdown with two kinds of placeholders:
+A page's template is markdown with three kinds of placeholders:
 
 * a ``report`` block: a fenced block whose body is a YAML mapping, the query of one
   ``raydg report``::
@@ -19,8 +19,7 @@ A page's template is markdown with two kinds of placeholders:
 * a reference ``{{gma | fedgma [defaults] | Avg}}``: one number of that report, the column
   (a target, ``Avg``, ``Avg_std``, ``vs fedavg (95% CI)``, a ``metric``, or
   ``METRIC round N``) of the row of that method, as the report prints it; ``(not yet run)``
-  while its runs file is missing.
-
+  while its runs file is missing;
 * a ``diagnostic`` block (``id`` and ``name``): the table that the function of that name,
   given to :func:`render`, computes (a diagnostic of the data, not of runs): records whose
   first key, ``method``, names the row; references read it as they read a report.
