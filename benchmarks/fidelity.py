@@ -539,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
     show.add_argument("--check", action="store_true",
                       help="fail if a committed page differs from what the runs files give")
     args = p.parse_args(argv)
+    absent = [n for n in getattr(args, "names", []) if not (ROOT / SWEEPS / f"{n}.yaml").exists()]
+    if absent:
+        p.error(f"no sweep {SWEEPS}/{absent[0]}.yaml")
     if args.command == "run":
         for dataset in args.datasets:
             for regime in args.regimes:
