@@ -45,6 +45,7 @@ class FakeServer:
     def __init__(self, after: dict[int, tuple[float, float]]) -> None:
         self.config = tiny_config(rounds=4)
         self.round, self.client_ids, self.after = 1, [0, 1, 2], after
+        self.domains = {0: "a", 1: "a", 2: "b"}
         self.calls: list[tuple] = []
         self.rows: list[dict] = []
 
@@ -75,6 +76,8 @@ def test_a_round_adjusts_the_weights_that_aggregate_the_next(metric):
     expected /= expected.sum()
     np.testing.assert_allclose(method.weights, expected)
     assert metrics["ga/gap_std"] == pytest.approx(gaps.std())
+    assert metrics["ga/weight/a"] == pytest.approx(expected[0] + expected[1])  # per domain
+    assert metrics["ga/weight/b"] == pytest.approx(expected[2])
     assert server.calls == [("ga", "request", "validation_metrics", [0, 1, 2])]
     assert [r["weight"] for r in server.rows] == pytest.approx(list(expected))
     # selection weights are those that aggregated the evaluated round, not the new ones
@@ -132,6 +135,10 @@ def test_ga_composes_end_to_end_and_its_weights_follow_the_recorded_gaps(
         weights = np.clip(weights + d * g / np.abs(g).max(), 0, 1)
         weights /= weights.sum()
         np.testing.assert_allclose([r["weight"] for r in rows if r["round"] == rnd], weights)
+        domain = {r["client"]: r["domain"] for r in result.tables["clients"]}
+        for d in set(domain.values()):  # the per-round metrics sum each domain's clients
+            assert result.history[rnd - 1][f"ga/weight/{d}"] == pytest.approx(
+                sum(w for c, w in zip(clients, weights, strict=True) if domain[c] == d))
     shared = [r for r in result.tables["ledger"] if r["kind"] == "validation_metrics"]
     assert len(shared) == rounds * len(clients) and all(r["bytes"] == 16 for r in shared)
     assert all(r["direction"] == "up" for r in shared)

@@ -140,6 +140,9 @@ class Server(Protocol):
     client_ids: list[int]
     num_samples: dict[int, int]
     local_keys: set[str]  # the method's local keys for this run's model
+    # each client's source domain: for what a method logs, never for how it trains (a real
+    # server does not know it)
+    domains: dict[int, str]
 
     def call_clients(self, phase: str, payload: Any = None, *, kind: str,
                      result_kind: str | None = None,

@@ -25,8 +25,9 @@ defers to ``super()``.
 
 Shared beyond parameters: each adjusted client's validation loss and accuracy under the new
 global model (ledger kind ``validation_metrics``); the weights stay on the server. Table
-``ga_weights`` records every client's weight and gap per round (plotted), and the per-round
-metric ``ga/gap_std`` the spread that GA reduces.
+``ga_weights`` records every client's weight and gap per round (plotted); the per-round
+metrics ``ga/gap_std`` the spread that GA reduces and ``ga/weight/<domain>`` the summed weight
+of each source domain's clients.
 """
 
 from __future__ import annotations
@@ -134,7 +135,11 @@ class GA(Method):
         for c, gap in zip(cids, gaps, strict=True):
             server.record("ga_weights", {"client": c, "weight": self._weight(self.weights, [c])[0],
                                          "gap": float(gap)})
-        return {**metrics, "ga/gap_std": float(gaps.std())}
+        by_domain: dict[str, float] = {}
+        for c, w in zip(self.clients, self.weights, strict=True):
+            by_domain[server.domains[c]] = by_domain.get(server.domains[c], 0.0) + float(w)
+        return {**metrics, "ga/gap_std": float(gaps.std()),
+                **{f"ga/weight/{d}": w for d, w in by_domain.items()}}
 
     def validation_weights(self, clients: list[int]) -> list[float] | None:
         """``selection=weighted``: the weights that aggregated the round being evaluated."""
