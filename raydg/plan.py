@@ -91,6 +91,10 @@ def _check(ok: bool, message: str) -> None:
 
 
 def validate(cfg: RunConfig) -> None:
+    for field in dataclasses.fields(cfg):  # NaN or an infinity passes every range check
+        value = getattr(cfg, field.name)
+        _check(not isinstance(value, float) or math.isfinite(value),
+               f"{field.name} must be a finite number, got {value}")
     spec = DATASETS.get(cfg.dataset)
     _check(cfg.target == "all" or cfg.target in spec.domains,
            f"unknown target domain {cfg.target!r} for {spec.name}; "
@@ -100,6 +104,9 @@ def validate(cfg: RunConfig) -> None:
                 "eval_batch_size", "image_size"):
         _check(getattr(cfg, key) > 0, f"{key} must be positive, got {getattr(cfg, key)}")
     _check(cfg.lr > 0, f"lr must be positive, got {cfg.lr}")
+    _check(cfg.momentum is None or 0 <= cfg.momentum < 1,
+           f"momentum must be in [0, 1), got {cfg.momentum}")
+    _check(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
     _check(cfg.clients is None or cfg.clients > 0, f"clients must be positive, got {cfg.clients}")
     _check(cfg.dirichlet is None or cfg.dirichlet > 0,
            f"--dirichlet alpha must be positive, got {cfg.dirichlet}")

@@ -115,6 +115,15 @@ BAD_INPUTS = [
     (["run", "digits-style", "--client-size", "20"], "--client-size needs --clients"),
     (["run", "digits-style", "--clients", "30", "--client-size", "5000"],
      "--client-size 5000 is more than a source domain's"),
+    (["run", "digits-style", "--set", "momentum=.nan"], "momentum must be a finite number"),
+    (["run", "digits-style", "--set", "weight_decay=.inf"],
+     "weight_decay must be a finite number"),
+    (["run", "digits-style", "--set", "momentum=1.0"], "momentum must be in [0, 1)"),
+    (["run", "digits-style", "--set", "weight_decay=-0.1"], "weight_decay must be >= 0"),
+    (["run", "digits-style", "--method", "fedprox", "--set", "options.mu=.nan"],
+     "option 'mu' of fedprox must be a finite number"),
+    (["run", "digits-style", "--method", "fedfd", "--set", "options.u_high=.inf"],
+     "option 'u_high' of fedfd must be a finite number"),
 ]
 
 SWEEP_FILES = [

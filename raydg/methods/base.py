@@ -198,6 +198,11 @@ class Method:
             elif default is not None and not isinstance(value, type(default)):
                 raise RaydgError(f"option {key!r} of {cls.name} must be "
                                  f"{type(default).__name__}, got {value!r}")
+            numbers = getattr(options, key)
+            numbers = numbers if isinstance(numbers, list | tuple) else [numbers]
+            if any(isinstance(v, float) and not math.isfinite(v) for v in numbers):
+                raise RaydgError(f"option {key!r} of {cls.name} must be a finite number, got "
+                                 f"{getattr(options, key)!r}")
         cls.check_options(options)
         return options
 
