@@ -298,7 +298,7 @@ def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
               dir_okay=False), metavar="FILE.json.gz",
               help="Read the runs from this file written by --export, not from a store "
                    "(repeatable).")
-@click.option("--export", "export_to", type=click.Path(dir_okay=False), metavar="FILE.json.gz",
+@click.option("--export", "export_to", metavar="FILE.json.gz",
               help="Also write the matching runs (params, metrics, histories) to this file, "
                    "which --rows reads back.")
 def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str, ...],
@@ -311,6 +311,8 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
     averaged together."""
     from raydg import report as report_mod
 
+    for flag, path in (("--output", output), ("--export", export_to), ("--plot", plot)):
+        _writable(flag, path)  # before any work
     published = None
     if paper:  # the paper's dataset and model selection unless others are asked for
         values = config_mod.load_yaml(paper)
@@ -334,6 +336,23 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
         click.echo(f"raydg: report written to {output}")
     else:
         click.echo(text)
+
+
+def _writable(flag: str, value: str | None) -> None:
+    """Refuse an output file that cannot be written (its folder is made if missing)."""
+    if value is None:
+        return
+    import tempfile
+
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise RaydgError(f"cannot write {flag} {value}: it is a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path.parent):  # a probe: permissions alone can lie
+            pass
+    except OSError as err:
+        raise RaydgError(f"cannot write {flag} {value}: {err.strerror}") from None
 
 
 def _runs_source(tracking_uri: str | None, rows_files: tuple[str, ...], ledger: bool) -> Any:

@@ -151,10 +151,17 @@ def _final_metrics(plan: Plan, summary: list[dict[str, Any]],
 
 
 def resume_target(target: str, tracking: str | None = None) -> str:
-    """The experiment folder that ``raydg resume TARGET`` continues: TARGET itself, or the
-    folder recorded on the MLflow parent run whose id TARGET is."""
-    if "://" in target or Path(target).exists() or not re.fullmatch(r"[0-9a-f]{32}", target):
+    """The experiment folder that ``raydg resume TARGET`` continues: TARGET itself (a URI, or a
+    local path in any form: relative, ``~``, absolute), or the folder recorded on the MLflow
+    parent run whose id TARGET is."""
+    if "://" in target:
         return target
+    folder = Path(target).expanduser()
+    if folder.exists() or not re.fullmatch(r"[0-9a-f]{32}", target):
+        if not folder.is_dir():
+            raise RaydgError(f"no experiment folder {target} (nor an MLflow run id): name the "
+                             "folder raydg printed when the experiment started or stopped")
+        return str(folder.resolve())
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 

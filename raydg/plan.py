@@ -28,6 +28,7 @@ from raydg.transforms import TRANSFORMS
 
 GLYPHS = "glyphs"  # the named pretraining of raydg.pretrain
 MIN_VALIDATION = 5  # a client's validation images below which selection is a coin toss
+LARGE_POPULATION = 1000  # clients beyond which validating all of them each round dominates
 LR_SCHEDULES = ("constant", "cosine")
 OPTIMIZERS = ("sgd", "adam")
 STORAGE_ENV = "RAYDG_STORAGE"
@@ -308,17 +309,24 @@ def weights_key(cfg: RunConfig) -> str:
 
 def check_federations(plan: Plan, data: MultiDomainDataset) -> list[str]:
     """Refuse an impossible partition before Ray starts; warnings about the ones that are
-    possible but weak (clients with too few validation images to select anything)."""
+    possible but weak (clients with too few validation images to select anything) or slow
+    (a large population that validates every client every round)."""
     partitions = {(f.target, f.seed, f.config.clients, f.config.dirichlet,
                    f.config.val_fraction, f.config.client_size) for f in plan.federations}
+    warnings = [f"{n} clients validate every round (--validate-clients all): with a population "
+                "this large the rounds wait on validation; --validate-clients sampled validates "
+                "the round's sampled clients, --validate-clients K a random K of them"
+                for n in sorted({f.config.clients for f in plan.federations
+                                 if f.config.validate_clients == "all"
+                                 and (f.config.clients or 0) > LARGE_POPULATION})]
     small = []
     for target, seed, clients, dirichlet, val_fraction, size in sorted(partitions, key=str):
         sizes = [len(p.val) for p in plan_clients(data, target, clients, dirichlet,
                                                   val_fraction, seed, size)]
         small += [n for n in sizes if n < MIN_VALIDATION]
-    if not small:
-        return []
-    return [f"{len(small)} client(s) over the federations hold fewer than {MIN_VALIDATION} "
-            f"validation images (the fewest: {min(small)}): their best-validation uploads "
-            "and the round selection rest on almost nothing; use fewer --clients or a larger "
-            "val_fraction"]
+    if small:
+        warnings.append(f"{len(small)} client(s) over the federations hold fewer than "
+                        f"{MIN_VALIDATION} validation images (the fewest: {min(small)}): their "
+                        "best-validation uploads and the round selection rest on almost "
+                        "nothing; use fewer --clients or a larger val_fraction")
+    return warnings

@@ -156,7 +156,9 @@ def test_sigterm_stops_cleanly_with_143(tmp_path):
     assert {r.info.status for r in runs} == {"KILLED"}
 
 
-def test_a_bad_experiment_folder_is_one_line(tmp_path):
+def test_a_bad_experiment_folder_is_one_line(tmp_path, monkeypatch):
+    """In any path form (absolute, relative, ``~``) a folder is read as itself; one that does
+    not exist, or holds no manifest, is one line."""
     from click.testing import CliRunner
 
     from raydg.cli import cli
@@ -164,12 +166,17 @@ def test_a_bad_experiment_folder_is_one_line(tmp_path):
     result = CliRunner().invoke(cli, ["resume", str(tmp_path / "nowhere")])
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1
-    assert lines[0].startswith(f"raydg: error: {tmp_path / 'nowhere'}/raydg.json is not a "
-                               "raydg experiment's manifest")
+    assert lines[0].startswith(f"raydg: error: no experiment folder {tmp_path / 'nowhere'}")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "raydg.json").write_text("{not json")
-    result = CliRunner().invoke(cli, ["resume", str(tmp_path / "bad")])
-    assert result.exit_code == 2 and "raydg.json is not a raydg experiment" in result.stderr
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for form in (str(tmp_path / "bad"), "bad", "./bad/", "~/bad"):
+        result = CliRunner().invoke(cli, ["resume", form])
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, result.output
+        assert lines[0].startswith(  # the absolute folder, whatever form named it
+            f"raydg: error: {tmp_path / 'bad'}/raydg.json is not a raydg experiment"), lines
     result = CliRunner().invoke(cli, ["resume", "0" * 32, "--tracking-uri",
                                       f"sqlite:///{tmp_path}/m.db"])
     assert result.exit_code == 2 and f"no MLflow run {'0' * 32}" in result.stderr

@@ -293,3 +293,21 @@ def test_a_list_option_off_the_paper_is_one_word_of_the_label():
     cfg = resolve(RunConfig(dataset="pacs", method="fedfd",
                             options={"eval_modes": ["global", "fixed"]}))
     assert not_paper(cfg) == 'eval_modes=["global","fixed"]'
+
+
+def test_warnings_name_what_makes_a_weak_or_slow_partition_workable():
+    """1500 clients of 10 images each: each holds 1 validation image (val_fraction 0.1), and
+    all of them would validate every round; the warnings name the options that help."""
+    from raydg.datasets import load_dataset
+    from raydg.plan import check_federations
+
+    data = load_dataset("digits-style", None, None, log=lambda _: None)
+    cfg = RunConfig(dataset="digits-style", target="sketch", clients=1500, client_size=10)
+    warnings = check_federations(plan_experiment(cfg), data)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("1500 clients validate every round") and (
+        "--validate-clients sampled" in warnings[0])
+    assert warnings[1].startswith("1500 client(s) over the federations hold fewer than 5")
+    sampled = RunConfig(dataset="digits-style", target="sketch", clients=1500, client_size=10,
+                        validate_clients="sampled")
+    assert len(check_federations(plan_experiment(sampled), data)) == 1

@@ -246,6 +246,9 @@ def test_per_round_is_the_mean_of_the_runs_histories(store):
     (("--filter", "params.lr === 'x'"), "--filter \"params.lr === 'x'\""),
     (("--versus", "fedprox"), "--versus fedprox: no such method"),
     (("--paper", "{tmp}/no-paper.yaml"), "no-paper.yaml has no valid 'paper' section"),
+    (("-o", "/proc/raydg/table.md"), "cannot write --output /proc/raydg/table.md"),
+    (("--export", "{tmp}"), "cannot write --export"),
+    (("--plot", "/proc/curves.png"), "cannot write --plot /proc/curves.png"),
 ])
 def test_bad_input_is_one_line(store, tmp_path, args, message):
     (tmp_path / "no-paper.yaml").write_text("dataset: digits-rot\n")
