@@ -21,6 +21,7 @@ import hashlib
 import importlib
 import io
 import json
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,10 @@ def read(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         raise RaydgError(f"checkpoint {manifest_path} is missing or unreadable ({err}): "
                          "an incomplete checkpoint is never used") from None
+    if not isinstance(expected, dict) or sorted(expected) != sorted(FILES):
+        names = sorted(expected) if isinstance(expected, dict) else expected
+        raise RaydgError(f"checkpoint {manifest_path} names {names}, not the files of a "
+                         f"checkpoint {list(FILES)}: refused before any is opened")
     blobs = {}
     for name in FILES:
         path = folder / name
@@ -154,10 +159,17 @@ def read(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
         if _sha256(blobs[name]) != expected.get(name):
             raise RaydgError(f"checkpoint file {path} does not match its manifest: it is "
                              "truncated or corrupt")
-    tree = json.loads(blobs["state.json"])
-    if tree.get("config") != config_hash(config):
+    try:
+        tree = json.loads(blobs["state.json"])
+        same = tree.get("config") == config_hash(config)
+        with np.load(io.BytesIO(blobs["arrays.npz"]), allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        state = _unpack(tree["state"], arrays) if same else None
+    except (ValueError, KeyError, TypeError, AttributeError, OSError,
+            zipfile.BadZipFile) as err:  # e.g. an object array, which needs pickle
+        raise RaydgError(f"checkpoint {folder} matches its manifest but cannot be read "
+                         f"({type(err).__name__}: {err})") from None
+    if not same:
         raise RaydgError(f"checkpoint {folder / 'state.json'} belongs to a federation with a "
                          "different config; it cannot continue this one")
-    with np.load(io.BytesIO(blobs["arrays.npz"]), allow_pickle=False) as npz:
-        arrays = {k: npz[k] for k in npz.files}
-    return _unpack(tree["state"], arrays)
+    return state

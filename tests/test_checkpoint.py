@@ -3,7 +3,9 @@ federation restored from a snapshot that ends exactly where an undisturbed one d
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,6 +68,39 @@ def test_bad_checkpoints_are_refused_with_the_file_named(tmp_path):
         checkpoint.read(folder, CONFIG)
     with pytest.raises(RaydgError, match=r"cannot checkpoint a builtins\.object"):
         checkpoint.write(tmp_path / "d", {"x": object()}, CONFIG)
+
+
+def _rehash(folder):
+    """Make the manifest match the files again, as someone tampering would."""
+    files = {n: hashlib.sha256((folder / n).read_bytes()).hexdigest()
+             for n in checkpoint.FILES}
+    (folder / "manifest.json").write_text(json.dumps({"format": checkpoint.FORMAT,
+                                                      "files": files}))
+
+
+def test_a_tampered_checkpoint_with_a_matching_manifest_is_one_line(tmp_path, monkeypatch):
+    """A manifest naming any other file (a path out of the folder, with that file's real
+    hash) is refused before a file is opened; an object array, which needs pickle, is one
+    line, not a traceback."""
+    folder = tmp_path / "c"
+    checkpoint.write(folder, _state(), CONFIG)
+    outside = tmp_path / "secret"
+    outside.write_text("not yours")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["../secret"] = hashlib.sha256(outside.read_bytes()).hexdigest()
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    opened = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda p: opened.append(p) or real(p))
+    with pytest.raises(RaydgError, match=r"names \['\.\./secret', 'arrays\.npz', 'state\.json'\]"):
+        checkpoint.read(folder, CONFIG)
+    assert opened == []
+    monkeypatch.undo()
+    np.savez(folder / "arrays.npz", a0=np.array([object()], dtype=object), allow_pickle=True)
+    _rehash(folder)
+    with pytest.raises(RaydgError, match="matches its manifest but cannot be read "
+                                         r"\(ValueError: Object arrays cannot be loaded"):
+        checkpoint.read(folder, CONFIG)
 
 
 @pytest.mark.usefixtures("ray_session")
