@@ -251,7 +251,9 @@ def sweep(sweep_file: str, sets: tuple[str, ...], grid: tuple[str, ...],
 
 @cli.command(context_settings=CONTEXT)
 @click.argument("target")
-@click.option("--tracking-uri", help="MLflow store of the run, when TARGET is a run id.")
+@click.option("--tracking-uri", help="MLflow store of the run: where to look up TARGET when it "
+                                     "is a run id, and where the experiment's runs are now "
+                                     "when the store has moved. [default: the experiment's]")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the tables, no progress.")
 def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
     """Continue an interrupted experiment: TARGET is its folder (printed at its start and when
@@ -259,8 +261,8 @@ def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
     from their last checkpoints, into the same MLflow run."""
     from raydg.experiment import resume_target, run_experiment
 
-    run_experiment(config_mod.RunConfig(), out=click.echo, progress=_progress(quiet),
-                   resume=resume_target(target, tracking_uri))
+    run_experiment(config_mod.RunConfig(tracking_uri=tracking_uri), out=click.echo,
+                   progress=_progress(quiet), resume=resume_target(target, tracking_uri))
 
 
 @cli.command(context_settings=CONTEXT)

@@ -182,15 +182,18 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     run every federation as a Tune trial, log everything to MLflow, print the tables.
 
     ``resume``: an experiment folder; its manifest gives the config and search (``cfg`` and
-    ``search`` are ignored), finished federations are kept, unfinished ones continue from
-    their checkpoints, into the same MLflow parent run. ``progress``: ``lines`` (one per
+    ``search`` are ignored, but for ``cfg.tracking_uri`` when set: the store moved), finished
+    federations are kept, unfinished ones continue from their checkpoints, into the same
+    MLflow parent run. ``progress``: ``lines`` (one per
     finished round), ``live`` (a board of the running federations, for a terminal) or
     ``none`` (tables and warnings only)."""
     start = time.perf_counter()
     say = out if progress != "none" else (lambda _: None)
     manifest = read_manifest(resume) if resume else None
     if manifest is not None:
+        moved = cfg.tracking_uri
         cfg, search = RunConfig(**manifest["config"]), Search(**manifest["search"])
+        cfg = dataclasses.replace(cfg, tracking_uri=moved or cfg.tracking_uri)
     cfg = dataclasses.replace(cfg, tracking_uri=tracking_uri(cfg))
     plan = plan_experiment(cfg, search)
     base = plan.config

@@ -162,6 +162,14 @@ class Tracker:
     def _resume(self) -> None:
         """The parent run and its children again; a child left RUNNING by a process that was
         killed continues (it is the same federation)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_run(self.run_id)
+        except MlflowException:
+            raise RaydgError(f"the MLflow store {self.client.tracking_uri} holds no run "
+                             f"{self.run_id}, where this experiment logged: if the store has "
+                             "moved, resume with --tracking-uri URI of where it is now") from None
         self.client.update_run(self.run_id, status="RUNNING")
         for run in self.client.search_runs(
                 [self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}'",

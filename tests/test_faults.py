@@ -204,3 +204,26 @@ def _in_session(pid: int, session: int) -> bool:
         return os.getsid(pid) == session
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def test_resuming_into_a_store_without_the_experiments_run_is_one_line(tmp_path, ray_session):
+    """The store an experiment logged to was replaced (an empty one at its URI): one line
+    that says so and names --tracking-uri; the same with --tracking-uri pointing elsewhere."""
+    from click.testing import CliRunner
+
+    from raydg.cli import cli
+    from raydg.config import to_dict
+    from raydg.runner import write_manifest
+
+    cfg = RunConfig(dataset="digits-style", target="sketch", rounds=1, local_steps=2,
+                    tracking_uri=f"sqlite:///{tmp_path}/empty.db", storage=str(tmp_path))
+    write_manifest(str(tmp_path / "exp"), {"run_id": "a" * 32, "config": to_dict(cfg),
+                                           "search": {"grid": {}, "space": {}, "samples": 0}})
+    for extra in ([], ["--tracking-uri", f"sqlite:///{tmp_path}/other.db"]):
+        result = CliRunner().invoke(cli, ["resume", str(tmp_path / "exp"), "-q", *extra])
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code == 2 and len(lines) == 1, result.output
+        uri = extra[-1] if extra else cfg.tracking_uri
+        assert lines[0] == (f"raydg: error: the MLflow store {uri} holds no run {'a' * 32}, "
+                            "where this experiment logged: if the store has moved, resume "
+                            "with --tracking-uri URI of where it is now")
