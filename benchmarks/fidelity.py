@@ -355,17 +355,21 @@ def claim_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def p_value(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
 def claims_table(claims: list[dict[str, Any]]) -> list[str]:
     lines = ["| claim | source (protocol) | dataset | regime | difference (95 % CI) | p | "
              "p (Holm) | verdict | verdict (Holm) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in claims:
         c = r["claim"]
-        tail = (f"{r['holm']:.3f} | {verdict(r['mean'], r['p'])} | "
+        tail = (f"{p_value(r['holm'])} | {verdict(r['mean'], r['p'])} | "
                 f"{verdict(r['mean'], r['holm'])}") if r["in_scope"] else (
             "— | out of scope | out of scope")
         lines.append(f"| {c.method} ≥ {c.baseline} | {c.source} ({c.protocol}) | "
                      f"{r['dataset']} | {r['regime']} | {r['mean']:+.1f} ± {r['half']:.1f} | "
-                     f"{r['p']:.3f} | {tail} |")
+                     f"{p_value(r['p'])} | {tail} |")
     return lines
 
 
