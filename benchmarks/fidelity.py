@@ -235,15 +235,14 @@ def group_rows(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                              "setting": setting, "target": r.target, "seed": r.seed,
                              "mode": mode, "selection": "selected", "val_acc": 100 * val,
                              "accuracy": 100 * acc, "steps": r.metrics["steps_per_client"],
-                             "params": r.params, "primary": mode == r.mode})
+                             "params": r.params, "primary": mode == r.mode, "run_of": r.method})
     targets = first_seen([r["target"] for r in rows])
     chosen = {(s["method"], s["target"]): s["setting"]
               for s in select_settings([r for r in rows if r["primary"]], targets)}
-    for r in rows:
-        base = r["method"].split(" [")[0] if not r["primary"] else r["method"]
+    for r in rows:  # another mode of the same runs keeps the setting its first mode chose
         r.update({"dataset": about["dataset"], "regime": about["regime"],
                   "protocol": about["protocol"],
-                  "chosen": chosen[(base, r["target"])] == r["setting"]})
+                  "chosen": chosen[(r["run_of"], r["target"])] == r["setting"]})
     times = [(r.info.start_time, r.info.end_time) for r in store.runs if r.info.end_time]
     seconds = (max(e for _, e in times) - min(s for s, _ in times)) / 1e3
     return {**about, "seconds": seconds}, rows
