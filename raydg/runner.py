@@ -488,6 +488,9 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
     :class:`Interrupted`."""
     cfg = plan.config
     os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's old console path is silent at verbose=0
+    # a trial's failure is raydg's one line (Collector.on_trial_recover), or the error raised
+    # once its restarts are spent, not Tune's traceback of each attempt (its error file keeps it)
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
     collector = Collector(feds, tracker, out, progress)
     ACTIVE.update(collector=collector, stopper=StopOnError(collector))
     trainable = tune.with_resources(tune.with_parameters(federation, data=data,

@@ -4,6 +4,7 @@ experiment folders. Every finished run must equal an undisturbed one exactly."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -57,9 +58,18 @@ def test_a_killed_actor_restarts_from_its_checkpoint_and_ends_identically(
             victim.kill()  # SIGKILL, from outside, while the federation trains round 4
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    result = run_experiment(RunConfig(**TINY, tracking_uri=uri), out=out)
+    tune_log: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = tune_log.append
+    tune_logger = logging.getLogger("ray.tune.execution.tune_controller")
+    tune_logger.addHandler(handler)
+    try:
+        result = run_experiment(RunConfig(**TINY, tracking_uri=uri), out=out)
+    finally:
+        tune_logger.removeHandler(handler)
     assert killed
     assert any("continues from its checkpoint after round" in line for line in lines)
+    assert not [r for r in tune_log if "Trial task failed" in r.getMessage()]  # raydg's line
     _same(undisturbed, result.runs[0])
     client = MlflowClient(uri)
     child = client.get_run(client.search_runs(
