@@ -63,8 +63,8 @@ def command(path: Path, query: dict[str, Any]) -> str:
     return shlex.join([*words, "--format", "markdown"])
 
 
-def run_query(path: Path, query: dict[str, Any], fmt: str) -> str:
-    text, _ = report(StoredRuns([path]), methods=query.get("method", ()),
+def run_query(runs: StoredRuns, query: dict[str, Any], fmt: str) -> str:
+    text, _ = report(runs, methods=query.get("method", ()),
                      dataset=query.get("dataset"), filter_string=query.get("filter", ""),
                      selection=query.get("selection", "selected"), fmt=fmt,
                      baseline=query.get("versus"), per_round=query.get("per_round", ()),
@@ -95,10 +95,11 @@ def render(template: str, rows_dir: Path, shown: Path | None = None,
             records[query["id"]] = None
             how = f"; `{query['make']}` makes it" if "make" in query else ""
             return "" if query.get("hidden") else f"*Not yet run:* `{name}` is missing{how}.\n"
-        records[query["id"]] = json.loads(run_query(path, query, "json"))
+        runs = StoredRuns([path])  # read once for both formats
+        records[query["id"]] = json.loads(run_query(runs, query, "json"))
         if query.get("hidden"):
             return ""
-        return f"```\n{command(name, query)}\n```\n\n{run_query(path, query, 'markdown')}\n"
+        return f"```\n{command(name, query)}\n```\n\n{run_query(runs, query, 'markdown')}\n"
 
     def reference(match: re.Match[str]) -> str:
         name, method, column = (part.strip() for part in match.groups())
