@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import random
+import socket
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -23,6 +25,25 @@ def load_benchmark(name: str) -> ModuleType:
     sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 now, between Ray's worker ports (10002-19999
+    by default) and the kernel's ephemeral range: a port that ``bind(0)`` hands out is from that
+    range, and any outgoing connection (Ray opens many) can take it before the server it was
+    meant for binds it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = []
+    for port in random.Random().sample(range(20000, low), low - 20000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == n:
+            return ports
+    raise RuntimeError(f"fewer than {n} free ports in 20000-{low - 1}")
 
 
 @pytest.fixture(scope="session", autouse=True)

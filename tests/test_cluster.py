@@ -12,7 +12,6 @@ import copy
 import dataclasses
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from ray.cluster_utils import Cluster
 
 from raydg.config import RunConfig
 from raydg.experiment import run_experiment
+from tests.conftest import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"dataset": "digits-style", "target": "sketch", "rounds": 5, "local_steps": 4,
@@ -100,19 +100,13 @@ def test_two_node_cluster_places_federations_on_both_nodes_with_single_node_resu
         assert other.summary == local.summary
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_job_submitted_to_a_local_head_finishes_and_logs_to_mlflow(tmp_path):
     bin_dir = Path(sys.executable).parent
     # its own temp dir (short: Unix socket paths), so that no later ray.init() on this machine
     # finds this head's address in /tmp/ray/ray_current_cluster once it is gone
     temp_dir = tempfile.mkdtemp(prefix="raydg-head-", dir="/tmp")
-    ports = {name: _free_port() for name in (
-        "port", "dashboard-port", "dashboard-agent-listen-port", "ray-client-server-port")}
+    names = ("port", "dashboard-port", "dashboard-agent-listen-port", "ray-client-server-port")
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"  # jobs run `python` from the venv
     head = subprocess.Popen(
         [str(bin_dir / "ray"), "start", "--head", "--block", "--num-cpus", "2",
@@ -121,9 +115,12 @@ def test_a_job_submitted_to_a_local_head_finishes_and_logs_to_mlflow(tmp_path):
          *(f"--{name}={port}" for name, port in ports.items())],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PATH": path})
+    started = []  # what the head printed until it was up, for a failure's message
     for line in head.stdout:  # blocks until the head says it is up
+        started.append(line)
         if "Ray runtime started" in line:
             break
+    assert head.poll() is None, "".join(started)[-3000:]
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "PATH": path,
            "RAY_ADDRESS": f"http://127.0.0.1:{ports['dashboard-port']}",
@@ -137,7 +134,7 @@ def test_a_job_submitted_to_a_local_head_finishes_and_logs_to_mlflow(tmp_path):
         head.terminate()
         head.wait(timeout=60)
         shutil.rmtree(temp_dir, ignore_errors=True)
-    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    assert job.returncode == 0, "".join(started)[-3000:] + job.stdout[-3000:] + job.stderr[-3000:]
     assert "succeeded" in job.stdout + job.stderr
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])

@@ -8,7 +8,6 @@ import csv
 import io
 import json
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,7 @@ from raydg.config import RunConfig
 from raydg.errors import RaydgError
 from raydg.experiment import run_experiment
 from raydg.results import holm
+from tests.conftest import free_ports
 
 TARGETS = ("M0", "M45")
 SEEDS = (0, 1)
@@ -265,14 +265,8 @@ def test_an_empty_result_says_so_and_exits_1(store):
     assert result.stderr.strip().startswith("raydg: no raydg runs match")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_mlflow_ui_shows_a_model_training_experiment_with_its_summary(store):
-    port = _free_port()
+    [port] = free_ports()
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store, "--host",
          "127.0.0.1", "--port", str(port), "--workers", "1"],
