@@ -441,35 +441,44 @@ def read_manifest(directory: str) -> dict[str, Any]:
 
 
 def verify_checkpoints(directory: str, feds: list[Federation]) -> None:
-    """Before a resume: each federation's latest checkpoint in ``directory`` is whole and
-    belongs to it (a one-line error naming the file otherwise), so that a bad one stops the
-    resume before anything runs or is written."""
+    """Before a resume, for each unfinished federation of the experiment in ``directory``: the
+    checkpoint that Tune's experiment state will restore it from exists, is whole and belongs
+    to it (a one-line error naming the folder or file otherwise, before anything runs or is
+    written).
+
+    Tune deletes a trial's older checkpoint when it registers a newer one but saves its
+    experiment state only every few checkpoints, so a kill in between leaves the state naming a
+    deleted folder; restored, Tune deletes it again at the trial's next checkpoint and logs a
+    ``FileNotFoundError`` traceback. Such folders are recreated empty, for Tune to delete."""
+    from ray.tune import ExperimentAnalysis
+
+    configs = {f.key: dataclasses.asdict(f.config) for f in feds}
+    for trial in ExperimentAnalysis(directory).trials:
+        manager = trial.run_metadata.checkpoint_manager
+        latest = manager.latest_checkpoint_result
+        if trial.status == "TERMINATED" or latest is None:
+            continue
+        for older in manager.best_checkpoint_results:
+            point = older.checkpoint
+            if point.path != latest.checkpoint.path and not _exists(point):
+                point.filesystem.create_dir(point.path)
+        point = latest.checkpoint
+        if not _exists(point):
+            raise RaydgError(f"checkpoint {point.path}, which the experiment's state names as "
+                             f"the last of {trial.config[FEDERATION]['key']}, is gone: that "
+                             "federation cannot continue")
+        with point.as_directory() as local:
+            try:
+                if checkpoint.is_checkpoint(Path(local)):
+                    checkpoint.read(Path(local), configs[trial.config[FEDERATION]["key"]])
+            except RaydgError as err:
+                raise RaydgError(str(err).replace(local, point.path)) from None
+
+
+def _exists(point: tune.Checkpoint) -> bool:
     import pyarrow.fs as pafs
 
-    fs, path = _filesystem(directory)
-    configs = {f.key: dataclasses.asdict(f.config) for f in feds}
-
-    def folders(where: str, prefix: str) -> list[str]:
-        return sorted(i.path for i in fs.get_file_info(pafs.FileSelector(where))
-                      if i.type == pafs.FileType.Directory and i.base_name.startswith(prefix))
-
-    for trial in folders(path, ""):
-        name = trial.rsplit("/", 1)[-1]
-        key = max((k for k in configs if name.startswith(f"{k}-")), key=len, default=None)
-        points = folders(trial, "checkpoint_") if key else []
-        if not points:
-            continue
-        if isinstance(fs, pafs.LocalFileSystem):
-            if checkpoint.is_checkpoint(Path(points[-1])):
-                checkpoint.read(Path(points[-1]), configs[key])
-            continue
-        with tempfile.TemporaryDirectory() as tmp:
-            pafs.copy_files(points[-1], tmp, source_filesystem=fs)
-            try:
-                if checkpoint.is_checkpoint(Path(tmp)):
-                    checkpoint.read(Path(tmp), configs[key])
-            except RaydgError as err:
-                raise RaydgError(str(err).replace(tmp, points[-1])) from None
+    return point.filesystem.get_file_info(point.path).type != pafs.FileType.NotFound
 
 
 def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import numpy as np
 import psutil
 import pytest
 from mlflow import MlflowClient
+from ray.tune import ExperimentAnalysis
 
 from raydg.config import RunConfig
 from raydg.experiment import run_experiment
@@ -86,12 +88,12 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def _stop_after_round_2(proc: subprocess.Popen, sig: int) -> str:
-    """Send ``sig`` when round 2 is reported; everything the command printed."""
+def _stop_after_round(proc: subprocess.Popen, sig: int, after: int = 2) -> str:
+    """Send ``sig`` when round ``after`` is reported; everything the command printed."""
     printed = []
     for line in proc.stdout:
         printed.append(line)
-        if "] round 2/" in line:
+        if f"] round {after}/" in line:
             proc.send_signal(sig)
             break
     rest, _ = proc.communicate(timeout=180)
@@ -115,7 +117,7 @@ def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path)
             "--seed", "1", "--max-concurrent", "1", "--set", "val_every=2",
             "--set", "checkpoint_every=1", "--tracking-uri", uri]
     proc = _cli(*args, env=env)
-    printed = _stop_after_round_2(proc, signal.SIGINT)
+    printed = _stop_after_round(proc, signal.SIGINT, after=4)
     assert proc.returncode == 130, printed[-2000:]
     assert _left(proc.pid) == []
     (resume,) = [line for line in printed.splitlines() if "continue with: raydg resume" in line]
@@ -124,20 +126,38 @@ def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path)
     runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
     assert {r.info.status for r in runs} == {"KILLED"} and len(runs) == 2
     parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
-    # a corrupt checkpoint stops the resume before anything runs, naming the file
-    latest = sorted(Path(directory).glob("sketch-s0-*/checkpoint_*"))[-1] / "arrays.npz"
-    intact = latest.read_bytes()
-    latest.write_bytes(intact[:100])
+    # the checkpoint that sketch-s0 continues from (Tune's experiment state names it; newer
+    # ones may be on disk) corrupt: the resume stops before anything runs, naming the file
+    (trial,) = [t for t in ExperimentAnalysis(directory).trials
+                if t.config["federation"]["key"] == "sketch-s0"]
+    latest = Path(trial.run_metadata.checkpoint_manager.latest_checkpoint_result.checkpoint.path)
+    intact = (latest / "arrays.npz").read_bytes()
+    (latest / "arrays.npz").write_bytes(intact[:100])
     broken = _cli("resume", directory, env=env)
     printed, _ = broken.communicate(timeout=300)
     assert broken.returncode == 2, printed[-2000:]
-    assert f"raydg: error: checkpoint file {latest} does not match its manifest" in printed
-    latest.write_bytes(intact)
+    assert f"raydg: error: checkpoint file {latest}/arrays.npz does not match its manifest" in (
+        printed)
+    (latest / "arrays.npz").write_bytes(intact)
+    latest.rename(latest.with_name("away"))  # gone: one line too
+    broken = _cli("resume", directory, env=env)
+    printed, _ = broken.communicate(timeout=300)
+    assert broken.returncode == 2 and "Traceback" not in printed, printed[-2000:]
+    assert f"raydg: error: checkpoint {latest}, which the experiment's state names as the last" \
+        " of sketch-s0, is gone" in printed
+    latest.with_name("away").rename(latest)
+    # a kill after Tune deleted the trial's older checkpoint but before it saved the experiment
+    # state leaves the state naming a folder that is gone: resumed, no traceback for it
+    (older,) = [Path(r.checkpoint.path) for r in
+                trial.run_metadata.checkpoint_manager.best_checkpoint_results
+                if Path(r.checkpoint.path) != latest]
+    shutil.rmtree(older)
 
     again = _cli("resume", parent.info.run_id, "--tracking-uri", uri, env=env)
     printed, _ = again.communicate(timeout=300)
     assert again.returncode == 0, printed[-2000:]
     assert f"resuming the experiment in {directory}" in printed
+    assert "Traceback" not in printed and not older.exists()
     runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
     assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 3  # + seed 1's
     assert parent.info.run_id in {r.info.run_id for r in runs}  # the same parent run
@@ -157,7 +177,7 @@ def test_sigterm_stops_cleanly_with_143(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     proc = _cli("run", "digits-style", "--target", "sketch", "--rounds", "6", "--seed", "0",
                 "--tracking-uri", uri, env=env)
-    printed = _stop_after_round_2(proc, signal.SIGTERM)
+    printed = _stop_after_round(proc, signal.SIGTERM)
     assert proc.returncode == 143, printed[-2000:]
     assert "SIGTERM received" not in printed and "Traceback" not in printed
     assert _left(proc.pid) == []
