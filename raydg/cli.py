@@ -9,6 +9,7 @@ Bad input prints one ``raydg: error: ...`` line and exits with code 2.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ class Cli(click.Group):
             click.echo(f"raydg: {err}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt as err:
-            from raydg.experiment import TERMINATED
+            from raydg.signals import TERMINATED
 
             click.echo(f"raydg: interrupted{f' ({err})' if str(err) else ''}", err=True)
             directory = getattr(err, "experiment_dir", None)
@@ -459,5 +460,15 @@ def list_cmd(what: str) -> None:
             click.echo(f"{name}: {(build.__doc__ or '').strip().splitlines()[0]}")
 
 
+EXPERIMENTS = ("run", "sweep", "resume")  # the commands that start Ray
+
+
 def main() -> None:
+    """The ``raydg`` command; one that runs an experiment does so in a session of its own
+    (:func:`raydg.signals.detached`), so that a signal to the caller's process group reaches
+    raydg but not its Ray."""
+    if len(sys.argv) > 1 and sys.argv[1] in EXPERIMENTS:
+        from raydg.signals import detached
+
+        detached(lambda: cli(prog_name="raydg"))
     cli(prog_name="raydg")

@@ -7,9 +7,8 @@ import contextlib
 import dataclasses
 import os
 import re
-import signal
 import socket
-import threading
+import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +41,7 @@ from raydg.runner import (
     run_federations,
     write_manifest,
 )
+from raydg.signals import STOP_SECONDS, stop_on_sigterm
 from raydg.tracking import Tracker, check_store, tracking_uri
 
 CONNECT_TIMEOUT = 5.0  # seconds to reach a named Ray cluster before giving up
@@ -74,16 +74,17 @@ def check_reachable(address: str) -> None:
 
 
 @contextlib.contextmanager
-def ray_session(cfg: RunConfig) -> Iterator[bool]:
+def ray_session(cfg: RunConfig) -> Iterator[tuple[bool, list[Callable[[], None]]]]:
     """Use the running Ray session, join ``cfg.address`` (or ``RAY_ADDRESS``; ``auto``: the
     cluster that ``ray start`` started last on this machine), or start a local Ray (and finally
     stop what was started or joined). Yields whether no cluster was named, i.e. whether the Ray
-    in use is this machine's own."""
+    in use is this machine's own, and the list of what records a stop that SIGTERM began but
+    Ray could not end in time (:func:`raydg.signals.stop_on_sigterm`)."""
     address = cfg.address or os.environ.get("RAY_ADDRESS")
     if address and address != "auto":
         check_reachable(address)
     if ray.is_initialized():
-        yield address is None
+        yield address is None, []
         return
     try:  # "local": a fresh Ray, never a stale one that `ray start` left in /tmp/ray
         ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR",
@@ -93,50 +94,30 @@ def ray_session(cfg: RunConfig) -> Iterator[bool]:
     if address is None:
         reaper.watch()  # this machine's Ray ends with raydg, however raydg ends
     try:
-        with stop_on_sigterm():
-            yield address is None
+        with stop_on_sigterm() as on_timeout:
+            yield address is None, on_timeout
     finally:
         ray.shutdown()
 
 
 @contextlib.contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    """SIGTERM stops the experiment as Ctrl-C does (Tune stops every trial, runs end KILLED,
-    nothing is left running) instead of Ray's native abort; ``TERMINATED`` says it was
-    SIGTERM. Installed after ``ray.init``, which sets its own handler."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(_signum: int, _frame: Any) -> None:
-        TERMINATED.set()
-        os.kill(os.getpid(), signal.SIGINT)  # Tune's SIGINT handler, or KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-TERMINATED = threading.Event()  # the experiment was stopped by SIGTERM
-
-
-@contextlib.contextmanager
-def session(cfg: RunConfig, plan: Plan, run_id: str | None) -> Iterator[tuple[bool, Tracker]]:
-    """Ray (:func:`ray_session`) and the experiment's MLflow parent run. A tracking server that
-    does not answer is refused before Ray starts; a new SQLite store's schema, which takes
-    seconds to create, is made while Ray starts."""
+def session(cfg: RunConfig, plan: Plan, run_id: str | None
+            ) -> Iterator[tuple[bool, Tracker, list[Callable[[], None]]]]:
+    """Ray (:func:`ray_session`) and the experiment's MLflow parent run, which a SIGTERM that
+    Ray cannot end in time leaves ``KILLED``. A tracking server that does not answer is refused
+    before Ray starts; a new SQLite store's schema, which takes seconds to create, is made
+    while Ray starts."""
     sqlite = cfg.tracking_uri.startswith("sqlite:///")
     if not sqlite:
         check_store(cfg.tracking_uri)
     with ThreadPoolExecutor(1) as pool:
         store = pool.submit(check_store, cfg.tracking_uri) if sqlite else None
-        with ray_session(cfg) as local:
+        with ray_session(cfg) as (local, on_timeout):
             if store is not None:
                 store.result()
             with Tracker(cfg, plan.label, plan.search, run_id) as tracker:
-                yield local, tracker
+                on_timeout.append(lambda: tracker.end("KILLED"))
+                yield local, tracker, on_timeout
 
 
 def _final_metrics(plan: Plan, summary: list[dict[str, Any]],
@@ -211,8 +192,11 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     run_id = manifest["run_id"] if manifest else None
     address = base.address or os.environ.get("RAY_ADDRESS")
     say(f"raydg: {'joining the Ray cluster at ' + address if address else 'starting Ray'}")
-    with session(base, plan, run_id) as (local, tracker):
+    with session(base, plan, run_id) as (local, tracker, on_timeout):
         directory = resume or experiment_dir(plan, tracker.run_id)
+        on_timeout.append(lambda: print(
+            f"raydg: interrupted (SIGTERM; Ray did not stop within {STOP_SECONDS:g} s)\n"
+            f"raydg: continue with: raydg resume {directory}", file=sys.stderr))
         if manifest is None:
             write_manifest(directory, {"run_id": tracker.run_id, "config": to_dict(cfg),
                                        "search": dataclasses.asdict(plan.search)})

@@ -184,16 +184,20 @@ class Tracker:
             (self.done if run.info.status == "FINISHED" else self.open).add(key)
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        status = ("KILLED" if exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
-                  else "FAILED" if exc_type else "FINISHED")
-        for key in sorted(self.open):
-            self.end_child(key, "KILLED" if status == "KILLED" else "FAILED")
-        self._call(lambda: self.client.set_terminated(self.run_id, status))
-        self._flush()
+        self.end("KILLED" if exc_type is not None and issubclass(exc_type, KeyboardInterrupt)
+                 else "FAILED" if exc_type else "FINISHED")
         if self.backlog and exc_type is None:
             raise TrackingError(f"{len(self.backlog)} MLflow calls to {self.client.tracking_uri}"
                                 " failed until the end; every result is in the experiment's "
                                 "storage, and raydg resume logs what is missing")
+
+    def end(self, status: str) -> None:
+        """End the parent run with ``status``, and any child run still open ``KILLED`` (when
+        the parent is) or ``FAILED``."""
+        for key in sorted(self.open):
+            self.end_child(key, "KILLED" if status == "KILLED" else "FAILED")
+        self._call(lambda: self.client.set_terminated(self.run_id, status))
+        self._flush()
 
     def tags(self) -> dict[str, str]:
         return {"raydg.method": self.label, "raydg.dataset": self.cfg.dataset, **VERSION}

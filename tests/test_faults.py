@@ -3,6 +3,7 @@ experiment folders. Every finished run must equal an undisturbed one exactly."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -88,22 +90,30 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.Popen:
                             start_new_session=True)
 
 
-def _stop_after_round(proc: subprocess.Popen, sig: int, after: int = 2) -> str:
-    """Send ``sig`` when round ``after`` is reported; everything the command printed."""
+def _stop_after_round(proc: subprocess.Popen, sig: int, after: int = 2, to: str = "raydg"
+                      ) -> tuple[str, list[psutil.Process]]:
+    """Send ``sig`` when round ``after`` is reported, ``to`` the command (``raydg``), its
+    process group (``group``: what ``timeout`` and job control do) or every process under it
+    at once (``all``: a scheduler that signals a job's cgroup). Everything the command
+    printed, and the processes under it when the signal was sent."""
     printed = []
     for line in proc.stdout:
         printed.append(line)
         if f"] round {after}/" in line:
-            proc.send_signal(sig)
             break
+    under = psutil.Process(proc.pid).children(recursive=True)
+    if to == "group":
+        os.killpg(proc.pid, sig)
+    else:
+        for p in [psutil.Process(proc.pid), *(under if to == "all" else [])]:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
     rest, _ = proc.communicate(timeout=180)
-    return "".join(printed) + rest
+    return "".join(printed) + rest, under
 
 
-def _left(session: int) -> list[str]:
-    """Processes of the stopped command's session (its Ray's) still running after they had
-    30 s to end."""
-    procs = [p for p in psutil.process_iter() if _in_session(p.pid, session)]
+def _left(procs: list[psutil.Process]) -> list[str]:
+    """Those of ``procs`` (a stopped command's, its Ray's) still running after 30 s."""
     _, alive = psutil.wait_procs(procs, timeout=30)
     return [" ".join(p.cmdline()) for p in alive]
 
@@ -117,9 +127,9 @@ def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path)
             "--seed", "1", "--max-concurrent", "1", "--set", "val_every=2",
             "--set", "checkpoint_every=1", "--tracking-uri", uri]
     proc = _cli(*args, env=env)
-    printed = _stop_after_round(proc, signal.SIGINT, after=4)
+    printed, under = _stop_after_round(proc, signal.SIGINT, after=4)
     assert proc.returncode == 130, printed[-2000:]
-    assert _left(proc.pid) == []
+    assert _left(under) == []
     (resume,) = [line for line in printed.splitlines() if "continue with: raydg resume" in line]
     directory = resume.split("raydg resume ")[1].strip()
     client = MlflowClient(uri)
@@ -172,15 +182,50 @@ def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path)
             np.testing.assert_array_equal(npz[k], undisturbed.global_state[k], err_msg=k)
 
 
-def test_sigterm_stops_cleanly_with_143(tmp_path):
+@pytest.mark.parametrize("to", ["raydg", "group", "all"])
+def test_sigterm_stops_cleanly_with_143(tmp_path, to):
+    """SIGTERM to raydg, to its process group, or to every process under it (Ray's too): runs
+    KILLED, a resume hint, 143, nothing left running; resumed, every round is logged once."""
+    env = {**os.environ, "RAYDG_STORAGE": str(tmp_path / "results"), "RAYDG_STOP_SECONDS": "4"}
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    proc = _cli("run", "digits-style", "--target", "sketch", "--rounds", "6", "--seed", "0",
+                "--set", "checkpoint_every=1", "--tracking-uri", uri, env=env)
+    start = time.monotonic()
+    printed, under = _stop_after_round(proc, signal.SIGTERM, to=to)
+    assert proc.returncode == 143, printed[-2000:]
+    assert time.monotonic() - start < 60  # Ray's own end: a minute, waiting for its lost GCS
+    assert "SIGTERM received" not in printed and "Traceback" not in printed
+    assert _left(under) == []
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
+    assert {r.info.status for r in runs} == {"KILLED"}
+    (hint,) = [line for line in printed.splitlines() if "continue with: raydg resume" in line]
+    if to == "all":  # Ray ended with raydg: the run goes on from what Tune recorded
+        again = _cli("resume", hint.split("raydg resume ")[1].strip(), env=env)
+        printed, _ = again.communicate(timeout=300)
+        assert again.returncode == 0 and "Traceback" not in printed, printed[-2000:]
+        runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
+        assert {r.info.status for r in runs} == {"FINISHED"}
+        child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+        steps = [m.step for m in client.get_metric_history(child.info.run_id, "target_acc")]
+        assert sorted(steps) == list(range(1, 7))
+
+
+def test_a_killed_parent_stops_the_experiment_cleanly(tmp_path):
+    """SIGTERM to the group and SIGKILL a moment later (a short grace period): the experiment,
+    in a session of its own, still ends its runs KILLED and leaves nothing running."""
     env = {**os.environ, "RAYDG_STORAGE": str(tmp_path / "results")}
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     proc = _cli("run", "digits-style", "--target", "sketch", "--rounds", "6", "--seed", "0",
                 "--tracking-uri", uri, env=env)
-    printed = _stop_after_round(proc, signal.SIGTERM)
-    assert proc.returncode == 143, printed[-2000:]
-    assert "SIGTERM received" not in printed and "Traceback" not in printed
-    assert _left(proc.pid) == []
+    for line in proc.stdout:
+        if "] round 2/" in line:
+            break
+    under = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert _left(under) == []
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
     assert {r.info.status for r in runs} == {"KILLED"}
@@ -213,27 +258,21 @@ def test_a_bad_experiment_folder_is_one_line(tmp_path, monkeypatch):
 
 
 def test_nothing_outlives_a_killed_command(tmp_path):
-    """SIGKILL leaves raydg no chance to stop its Ray: its reaper does."""
+    """SIGKILL of the process that runs the experiment leaves it no chance to stop its Ray: its
+    reaper does; the command exits 137."""
     env = {**os.environ, "RAYDG_STORAGE": str(tmp_path / "results")}
     proc = _cli("run", "digits-style", "--target", "sketch", "--rounds", "6", "--seed", "0",
                 "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db", env=env)
     for line in proc.stdout:
         if "] round 2/" in line:
             break
-    left = [psutil.Process(p.pid) for p in psutil.process_iter()
-            if _in_session(p.pid, proc.pid) and p.pid != proc.pid]
+    (experiment,) = psutil.Process(proc.pid).children()  # the detached command
+    left = experiment.children(recursive=True)
     assert left  # its Ray is running
-    proc.kill()
-    proc.wait()
+    experiment.kill()
+    assert proc.wait() == 137
     _, alive = psutil.wait_procs(left, timeout=60)
     assert alive == [], [" ".join(p.cmdline()) for p in alive]
-
-
-def _in_session(pid: int, session: int) -> bool:
-    try:
-        return os.getsid(pid) == session
-    except (ProcessLookupError, PermissionError):
-        return False
 
 
 def test_resuming_into_a_store_without_the_experiments_run_is_one_line(tmp_path, ray_session):
