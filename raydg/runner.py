@@ -71,22 +71,24 @@ def federation(config: dict[str, Any], data: MultiDomainDataset,
     """The Tune trainable: the driver of one federation, running in the trial's actor.
 
     Continues from the trial's last checkpoint when Tune restarts it (a lost actor or node, a
-    resumed experiment). Reports each round's metrics (``row``) with the progress messages
-    logged since the last report (``messages``); at the :class:`Cadence`'s rounds the report
-    carries a checkpoint (:mod:`raydg.checkpoint`). The last report has no row: its checkpoint
-    is the result, written by :meth:`FederationResult.save`. ``weights`` are the
-    experiment's initial backbones
-    (:func:`~raydg.pretrain.starting_weights`)."""
+    resumed experiment), its first report then carrying the rounds before (``history``: those
+    that MLflow missed are logged from it). Reports each round's metrics (``row``) with the
+    progress messages logged since the last report (``messages``); at the :class:`Cadence`'s
+    rounds the report carries a checkpoint (:mod:`raydg.checkpoint`). The last report has no
+    row: its checkpoint is the result, written by :meth:`FederationResult.save`. ``weights``
+    are the experiment's initial backbones (:func:`~raydg.pretrain.starting_weights`)."""
     from raydg.simulation import Simulation
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # no line per checkpoint
     spec = config[FEDERATION]
     cfg = RunConfig(**spec["config"])
     messages: list[str] = []
+    missed: list[dict[str, float]] = []  # rounds sent with the next report
 
     def report(row: dict[str, float] | None = None, **extra: Any) -> None:
         sent, messages[:] = list(messages), []
-        payload = {"row": row, "messages": sent}
+        payload = {"row": row, "messages": sent, "history": list(missed)}
+        missed.clear()
         payload.update(extra.pop("info", {}))
         tune.report({"raydg": payload}, **extra)
 
@@ -100,6 +102,7 @@ def federation(config: dict[str, Any], data: MultiDomainDataset,
     sim = Simulation(cfg, data, cfg.target, cfg.seed, log=messages.append,
                      weights=weights.get(weights_key(cfg)), restore=restore,
                      label=spec.get("label"))  # absent in a trial of an older raydg
+    missed.extend(sim.history)  # restored: its rounds, for those MLflow missed
     cadence = Cadence(cfg.checkpoint_every)
 
     def on_round(row: dict[str, float]) -> None:
@@ -319,13 +322,22 @@ class Collector(tune.Callback):
                     continue
                 self.placement = message
             self.progress.say(f"[{fed.title()}] {message}", message.startswith("warning"))
+        for row in report.get("history", []):  # restored: rounds that MLflow may have missed
+            self._log(fed.key, row)
         row = report["row"]
-        if row is not None and row["round"] > self.logged[fed.key]:
-            self.logged[fed.key] = int(row["round"])
-            self.tracker.log_round(fed.key, row)
+        if row is not None and self._log(fed.key, row):
             if "checkpoint" in report:
                 self.tracker.log_checkpoint(fed.key, int(row["round"]), report["checkpoint"])
             self.progress(fed, row)
+
+    def _log(self, key: str, row: dict[str, float]) -> bool:
+        """Log round ``row`` of federation ``key`` unless it is logged already (rounds are
+        logged in order: each once); whether it was."""
+        if row["round"] <= self.logged[key]:
+            return False
+        self.logged[key] = int(row["round"])
+        self.tracker.log_round(key, row)
+        return True
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         fed = self._fed(trial)
@@ -347,6 +359,8 @@ class Collector(tune.Callback):
                 return  # stopped (Ctrl-C, another federation failed) before it finished
             result = FederationResult.load(Path(folder))
         if not self.tracker.finished(key):
+            for row in result.history:  # rounds that MLflow missed (it was away), from storage
+                self._log(key, row)
             self.tracker.log_result(key, result)
         self.results[key] = result
 

@@ -74,9 +74,10 @@ def _terminate_when_gone(parent: int) -> None:
 @contextlib.contextmanager
 def stop_on_sigterm() -> Iterator[list[Callable[[], None]]]:
     """SIGTERM stops the experiment as Ctrl-C does (Tune's SIGINT handler) instead of Ray's
-    native abort, and sets ``TERMINATED``; a SIGTERM after the first changes nothing. Yields a list for what records the stop if Tune's
-    stop has not ended after ``STOP_SECONDS``: those run in order, then the process exits 143.
-    Installed after ``ray.init``, which sets its own handler; main thread only."""
+    native abort, and sets ``TERMINATED``; a SIGTERM after the first changes nothing. Yields
+    a list for what records the stop if Tune's stop has not ended after ``STOP_SECONDS``:
+    those run in order, then the process exits 143. Installed after ``ray.init``, which sets
+    its own handler; main thread only."""
     on_timeout: list[Callable[[], None]] = []
     if threading.current_thread() is not threading.main_thread():
         yield on_timeout

@@ -36,6 +36,20 @@ MAX_PARAMS = 100  # per MLflow log_batch call
 SERVER_TIMEOUT = 5.0  # seconds for a tracking server to answer before the run starts
 # MLflow's own HTTP retries would wait minutes for a server that is gone
 HTTP_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+RETRY_SECONDS = 10.0  # while MLflow fails, how often the calls kept are tried again
+REMIND_SECONDS = 300.0  # while MLflow fails, how often a line says so again
+
+
+def _first_line(err: Exception) -> str:
+    """``Kind: the first line of its message`` (SQLAlchemy's run to a dozen lines)."""
+    lines = [line for line in str(err).strip().splitlines()
+             if not line.startswith(("[", "(raised as", "(Background"))]
+    return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}m{rest:02d}s"
 
 
 def _version() -> dict[str, str]:
@@ -127,6 +141,9 @@ class Tracker:
         from mlflow import MlflowClient
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)
+        # a failed query is raised to raydg, which says so in one line: not logged again with
+        # its traceback
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         self.cfg, self.search, self.label = cfg, search or Search(), label
         self.client = MlflowClient(tracking_uri(cfg))
         name = cfg.experiment or cfg.dataset
@@ -144,6 +161,7 @@ class Tracker:
         self.restarts: dict[str, int] = {}
         self.steps: dict[str, int] = {}  # the last round logged, by key
         self.backlog: list[Callable[[], None]] = []  # calls that failed, to retry in order
+        self.away = self.tried = self.reminded = 0.0  # when MLflow failed, was tried, said so
 
     def __enter__(self) -> Tracker:
         if self.run_id:
@@ -197,32 +215,50 @@ class Tracker:
         for key in sorted(self.open):
             self.end_child(key, "KILLED" if status == "KILLED" else "FAILED")
         self._call(lambda: self.client.set_terminated(self.run_id, status))
-        self._flush()
+        self._flush(now=True)
 
     def tags(self) -> dict[str, str]:
         return {"raydg.method": self.label, "raydg.dataset": self.cfg.dataset, **VERSION}
 
     def _call(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` after the backlog; keep it (and say so, once) if MLflow fails."""
-        self._flush()
+        """Run ``fn`` after the kept calls. While MLflow is away, ``fn`` is kept in order with
+        them, and they are tried again at most every ``RETRY_SECONDS``; one line says that it
+        went away, one every ``REMIND_SECONDS`` how long it has been, one that it is back."""
         if self.backlog:
             self.backlog.append(fn)
+            self._flush()
             return
         try:
             fn()
         except Exception as err:  # MLflow raises many kinds; each call is kept, not lost
             self.backlog.append(fn)
-            logging.getLogger("raydg").warning(
-                "MLflow at %s failed (%s: %s); logging is kept and retried",
-                self.client.tracking_uri, type(err).__name__, err)
+            self.away = self.tried = self.reminded = time.monotonic()
+            self._say(f"MLflow at {self.client.tracking_uri} failed ({_first_line(err)}); "
+                      "what it misses is kept and logged when it answers again")
 
-    def _flush(self) -> None:
+    def _flush(self, now: bool = False) -> None:
+        """Try the kept calls again, in order (``now``: whenever it was last tried)."""
+        clock = time.monotonic()
+        if not self.backlog or (not now and clock - self.tried < RETRY_SECONDS):
+            return
+        self.tried, kept = clock, len(self.backlog)
         while self.backlog:
             try:
                 self.backlog[0]()
-            except Exception:  # still unreachable: keep the backlog for the next try
+            except Exception as err:  # still away: kept for the next try
+                if clock - self.reminded >= REMIND_SECONDS:
+                    self.reminded = clock
+                    self._say(f"MLflow at {self.client.tracking_uri} still fails after "
+                              f"{_duration(clock - self.away)} ({_first_line(err)}); "
+                              f"{len(self.backlog)} calls kept")
                 return
             self.backlog.pop(0)
+        self._say(f"MLflow at {self.client.tracking_uri} answers again after "
+                  f"{_duration(clock - self.away)}: the {kept} calls kept are logged")
+
+    @staticmethod
+    def _say(line: str) -> None:
+        logging.getLogger("raydg").warning("raydg: warning: %s", line)
 
     def _params(self, run_id: str, params: dict[str, str]) -> None:
         from mlflow.entities import Param

@@ -23,6 +23,7 @@ from ray.tune import ExperimentAnalysis
 from raydg.config import RunConfig
 from raydg.experiment import run_experiment
 from raydg.results import timing_free
+from raydg.runner import Interrupted
 
 TINY = {"dataset": "digits-style", "target": "sketch", "method": "fedbn", "clients": 4,
         "rounds": 6, "local_steps": 6, "batch_size": 16, "val_every": 2, "seeds": [0],
@@ -296,3 +297,49 @@ def test_resuming_into_a_store_without_the_experiments_run_is_one_line(tmp_path,
         assert lines[0] == (f"raydg: error: the MLflow store {uri} holds no run {'a' * 32}, "
                             "where this experiment logged: if the store has moved, resume "
                             "with --tracking-uri URI of where it is now")
+
+
+@pytest.mark.parametrize("back", ["mid-run", "for-resume", "stopped-for-resume"])
+def test_a_store_moved_away_and_back_logs_every_round_once(ray_session, tmp_path, caplog, back):
+    """The SQLite store moved away after round 2's report and back after round 4's, or only
+    after the run (which then ends with raydg's error), or only after the run was stopped at
+    round 4 (what raydg kept to log is lost with it): one line says it failed, none is a
+    traceback, and in the end (resumed, but in the first case) every round is logged once,
+    from what the federations stored."""
+    from raydg.errors import TrackingError
+
+    db = tmp_path / "mlflow.db"
+    lines: list[str] = []
+
+    def out(line: str) -> None:
+        lines.append(line)
+        if "] round 2/" in line:
+            db.rename(tmp_path / "away.db")
+        if "] round 4/" in line and back == "mid-run":
+            (tmp_path / "away.db").rename(db)
+        if "] round 4/" in line and back == "stopped-for-resume":
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: Tune stops the trial
+
+    cfg = RunConfig(**TINY, tracking_uri=f"sqlite:///{db}")
+    if back == "mid-run":
+        run_experiment(cfg, out=out)
+    else:
+        with pytest.raises((TrackingError, KeyboardInterrupt)) as stopped:
+            run_experiment(cfg, out=out)
+        assert isinstance(stopped.value, TrackingError if back == "for-resume" else Interrupted)
+        (tmp_path / "away.db").rename(db)
+        (started,) = [line for line in lines if "federations as Tune trials" in line]
+        run_experiment(RunConfig(), resume=started.split("results in ")[1], out=lines.append)
+    said = [r.getMessage() for r in caplog.records if r.name.startswith(("raydg", "mlflow"))]
+    assert [m for m in said if " failed (" in m] == [
+        f"raydg: warning: MLflow at sqlite:///{db} failed (MlflowException: "
+        "(sqlite3.OperationalError) attempt to write a readonly database); what it misses is "
+        "kept and logged when it answers again"]
+    assert not [r for r in caplog.records if r.exc_info]  # no traceback
+    client = MlflowClient(f"sqlite:///{db}")
+    runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
+    assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 2
+    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    for metric in ("val_acc", "train_loss", "target_acc"):
+        steps = [m.step for m in client.get_metric_history(child.info.run_id, metric)]
+        assert sorted(steps) == list(range(1, 7)), metric

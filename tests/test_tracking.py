@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from mlflow import MlflowClient
 
+from raydg import tracking
 from raydg.config import RunConfig
 from raydg.errors import TrackingError
 from raydg.plan import resolve
@@ -20,15 +23,28 @@ def _tracker(tmp_path) -> Tracker:
     return Tracker(cfg, "fedavg")
 
 
-def test_calls_that_fail_are_kept_in_order_and_retried(tmp_path):
-    tracker = _tracker(tmp_path)
+def _flaky(tracker: Tracker) -> tuple[dict[str, Any], Callable[..., Any]]:
+    """An outage switch (``on``) and a ``log_batch`` that fails while it is on (``calls``)."""
     real = tracker.client.log_batch
-    outage = {"on": True}
+    outage = {"on": True, "calls": 0}
 
     def flaky(*args, **kwargs):
+        outage["calls"] += 1
         if outage["on"]:
             raise ConnectionError("tracking server gone")
         return real(*args, **kwargs)
+
+    return outage, flaky
+
+
+def _said(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "raydg"]
+
+
+def test_calls_that_fail_are_kept_in_order_and_retried(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.0)  # each call tries the kept ones again
+    tracker = _tracker(tmp_path)
+    outage, flaky = _flaky(tracker)
 
     with tracker:
         tracker.client.log_batch = flaky  # the parent run exists; then the server goes away
@@ -42,6 +58,35 @@ def test_calls_that_fail_are_kept_in_order_and_retried(tmp_path):
     history = MlflowClient(tracker.client.tracking_uri).get_metric_history(
         tracker.children["sketch-s0"], "val_acc")
     assert [(m.step, m.value) for m in history] == [(r, r / 10) for r in (1, 2, 3, 4)]
+    uri = tracker.client.tracking_uri
+    assert _said(caplog) == [  # one line when it went away, one when it came back
+        f"raydg: warning: MLflow at {uri} failed (ConnectionError: tracking server gone); what "
+        "it misses is kept and logged when it answers again",
+        f"raydg: warning: MLflow at {uri} answers again after 0m00s: the 5 calls kept are "
+        "logged"]
+
+
+def test_while_mlflow_is_away_it_is_tried_again_only_every_retry_seconds(tmp_path, monkeypatch,
+                                                                         caplog):
+    monkeypatch.setattr(tracking, "REMIND_SECONDS", 0.0)  # each failed retry says so
+    tracker = _tracker(tmp_path)
+    outage, flaky = _flaky(tracker)
+    with tracker:
+        tracker.client.log_batch = flaky
+        tracker.start_child("sketch-s0", tracker.cfg, {}, "fedavg")  # fails: kept
+        for rnd in (1, 2, 3):
+            tracker.log_round("sketch-s0", {"round": rnd, "val_acc": rnd / 10})
+        assert outage["calls"] == 1 and len(tracker.backlog) == 4  # not tried again within 10 s
+        monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.0)
+        tracker.log_round("sketch-s0", {"round": 4, "val_acc": 0.4})
+        assert outage["calls"] == 2 and len(tracker.backlog) == 5  # tried again, still away
+        outage["on"] = False
+    assert _said(caplog)[1] == (f"raydg: warning: MLflow at {tracker.client.tracking_uri} still "
+                                "fails after 0m00s (ConnectionError: tracking server gone); 5 "
+                                "calls kept")
+    history = MlflowClient(tracker.client.tracking_uri).get_metric_history(
+        tracker.children["sketch-s0"], "val_acc")
+    assert [m.step for m in history] == [1, 2, 3, 4]  # at the end, each once
 
 
 def test_a_store_gone_for_good_is_an_error_at_the_end(tmp_path):
