@@ -39,6 +39,7 @@ from raydg.runner import (
     fit_actors,
     read_manifest,
     run_federations,
+    verify_checkpoints,
     write_manifest,
 )
 from raydg.signals import STOP_SECONDS, stop_on_sigterm
@@ -188,6 +189,8 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         out(f"raydg: warning: {warning}")
     weights = starting_weights(plan, data, cache_root(base.cache_dir), say)
     check_storage(base.storage)
+    if resume:
+        verify_checkpoints(resume, plan.federations)
     sources = len(data.domains) - 1
     run_id = manifest["run_id"] if manifest else None
     address = base.address or os.environ.get("RAY_ADDRESS")

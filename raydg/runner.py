@@ -399,7 +399,9 @@ ACTIVE: dict[str, Any] = {}  # this process's collector and stopper (see Collect
 
 
 def _active(name: str) -> Any:
-    return ACTIVE[name]
+    """This process's ``name``; ``None`` where no experiment runs (Tune's state read by
+    another process, e.g. ``tune.ExperimentAnalysis``, has no use for them)."""
+    return ACTIVE.get(name)
 
 
 def _spec(fed: Federation) -> dict[str, Any]:
@@ -457,15 +459,21 @@ def read_manifest(directory: str) -> dict[str, Any]:
 def verify_checkpoints(directory: str, feds: list[Federation]) -> None:
     """Before a resume, for each unfinished federation of the experiment in ``directory``: the
     checkpoint that Tune's experiment state will restore it from exists, is whole and belongs
-    to it (a one-line error naming the folder or file otherwise, before anything runs or is
-    written).
+    to it (a one-line error naming the folder or file otherwise, before Ray starts or MLflow
+    is written to).
 
     Tune deletes a trial's older checkpoint when it registers a newer one but saves its
     experiment state only every few checkpoints, so a kill in between leaves the state naming a
     deleted folder; restored, Tune deletes it again at the trial's next checkpoint and logs a
     ``FileNotFoundError`` traceback. Such folders are recreated empty, for Tune to delete."""
+    import pyarrow.fs as pafs
     from ray.tune import ExperimentAnalysis
 
+    fs, path = _filesystem(directory)
+    if not any(i.base_name.startswith("experiment_state-")
+               for i in fs.get_file_info(pafs.FileSelector(path))):
+        raise RaydgError(f"{directory} holds no Tune experiment state (experiment_state-*.json):"
+                         " the experiment stopped before its federations started; run it again")
     configs = {f.key: dataclasses.asdict(f.config) for f in feds}
     for trial in ExperimentAnalysis(directory).trials:
         manager = trial.run_metadata.checkpoint_manager
@@ -519,7 +527,6 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
     trainable = tune.with_resources(tune.with_parameters(federation, data=data,
                                                          weights=weights), trial_resources)
     if resume:
-        verify_checkpoints(directory, feds)
         collector.progress.say(f"raydg: resuming the experiment in {directory}")
         tuner = tune.Tuner.restore(directory, trainable, resume_unfinished=True,
                                    resume_errored=True)

@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -162,6 +163,7 @@ class Tracker:
         self.steps: dict[str, int] = {}  # the last round logged, by key
         self.backlog: list[Callable[[], None]] = []  # calls that failed, to retry in order
         self.away = self.tried = self.reminded = 0.0  # when MLflow failed, was tried, said so
+        self.ending, self.ended = threading.Lock(), False
 
     def __enter__(self) -> Tracker:
         if self.run_id:
@@ -211,11 +213,16 @@ class Tracker:
 
     def end(self, status: str) -> None:
         """End the parent run with ``status``, and any child run still open ``KILLED`` (when
-        the parent is) or ``FAILED``."""
-        for key in sorted(self.open):
-            self.end_child(key, "KILLED" if status == "KILLED" else "FAILED")
-        self._call(lambda: self.client.set_terminated(self.run_id, status))
-        self._flush(now=True)
+        the parent is) or ``FAILED``; once, from whichever thread comes first (a stop that
+        times out ends the runs from a timer thread, :mod:`raydg.signals`)."""
+        with self.ending:
+            if self.ended:
+                return
+            for key in sorted(self.open):
+                self.end_child(key, "KILLED" if status == "KILLED" else "FAILED")
+            self._call(lambda: self.client.set_terminated(self.run_id, status))
+            self._flush(now=True)
+            self.ended = True
 
     def tags(self) -> dict[str, str]:
         return {"raydg.method": self.label, "raydg.dataset": self.cfg.dataset, **VERSION}
