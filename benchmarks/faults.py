@@ -135,21 +135,22 @@ def _signal(proc: subprocess.Popen, sig: int, to: str) -> None:
             p.send_signal(sig)
 
 
-def sigterm_group(case: Case) -> None:
+def _terminated(case: Case, to: str) -> None:
+    """The run, SIGTERM ``to`` its group or every process after round 2, to its end."""
     proc = case.start(*RUN)
     case.until(proc, "] round 2/")
     start = time.monotonic()
-    _signal(proc, signal.SIGTERM, "group")
+    _signal(proc, signal.SIGTERM, to)
     case.finish(proc, start)
+
+
+def sigterm_group(case: Case) -> None:
+    _terminated(case, "group")
     case.shown += "; SIGTERM to its process group after round 2"
 
 
 def sigterm_all(case: Case) -> None:
-    proc = case.start(*RUN)
-    case.until(proc, "] round 2/")
-    start = time.monotonic()
-    _signal(proc, signal.SIGTERM, "all")
-    case.finish(proc, start)
+    _terminated(case, "all")
     case.note = f"stopped: exit {case.code} in {case.seconds:.1f} s"
     case.run("resume", case.folder(), then="; after SIGTERM to every process under raydg")
 
