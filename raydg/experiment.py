@@ -27,6 +27,7 @@ from raydg.plan import Plan, check_federations, plan_experiment
 from raydg.pretrain import starting_weights
 from raydg.results import (
     FederationResult,
+    duration,
     format_selection,
     format_summary,
     long_rows,
@@ -224,10 +225,9 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         tracker.log_summary(_final_metrics(plan, summary, selection), tables, printed,
                             curves=curve_points(runs))
         out(printed)
-        minutes, seconds = divmod(int(time.perf_counter() - start), 60)
-        say(f"\nraydg: done in {minutes}m{seconds:02d}s. MLflow run {tracker.run_id} in "
-            f"{base.tracking_uri} (browse: mlflow ui --backend-store-uri {base.tracking_uri});"
-            f" trial files in {directory}")
+        say(f"\nraydg: done in {duration(time.perf_counter() - start)}. MLflow run "
+            f"{tracker.run_id} in {base.tracking_uri} (browse: mlflow ui --backend-store-uri "
+            f"{base.tracking_uri}); trial files in {directory}")
         return ExperimentResult(plan, runs, summary, selection, printed, tracker.run_id)
 
 

@@ -224,6 +224,12 @@ def summary_rows(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[st
     return out
 
 
+def duration(seconds: float) -> str:
+    """``MmSSs``, e.g. ``3m07s``."""
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}m{rest:02d}s"
+
+
 def format_summary(summary: list[dict[str, Any]], targets: list[str], seeds: int) -> str:
     """Plain-text tables, one per selection rule: rows method (and mode), columns targets, Avg
     and the local steps per client (mean over the runs)."""

@@ -30,7 +30,14 @@ import yaml
 
 from raydg.config import RunConfig, Search, setting_label, to_dict
 from raydg.errors import RaydgError, TrackingError
-from raydg.results import FederationResult, plot, plot_curves, steps_per_client, write_table
+from raydg.results import (
+    FederationResult,
+    duration,
+    plot,
+    plot_curves,
+    steps_per_client,
+    write_table,
+)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MAX_PARAMS = 100  # per MLflow log_batch call
@@ -46,11 +53,6 @@ def _first_line(err: Exception) -> str:
     lines = [line for line in str(err).strip().splitlines()
              if not line.startswith(("[", "(raised as", "(Background"))]
     return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
-
-
-def _duration(seconds: float) -> str:
-    minutes, rest = divmod(int(seconds), 60)
-    return f"{minutes}m{rest:02d}s"
 
 
 def _version() -> dict[str, str]:
@@ -256,12 +258,12 @@ class Tracker:
                 if clock - self.reminded >= REMIND_SECONDS:
                     self.reminded = clock
                     self._say(f"MLflow at {self.client.tracking_uri} still fails after "
-                              f"{_duration(clock - self.away)} ({_first_line(err)}); "
+                              f"{duration(clock - self.away)} ({_first_line(err)}); "
                               f"{len(self.backlog)} calls kept")
                 return
             self.backlog.pop(0)
         self._say(f"MLflow at {self.client.tracking_uri} answers again after "
-                  f"{_duration(clock - self.away)}: the {kept} calls kept are logged")
+                  f"{duration(clock - self.away)}: the {kept} calls kept are logged")
 
     @staticmethod
     def _say(line: str) -> None:
