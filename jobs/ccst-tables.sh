@@ -3,6 +3,8 @@
 # Usage: jobs/ccst-tables.sh [--address ADDR] [raydg run options]
 # The VGG style encoder (options.encoder: vgg) needs its weight files on the head node.
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 for config in configs/ccst-{pacs,officehome,camelyon17}.yaml; do
-  "$(dirname "$0")/submit.sh" run --config "$config" --gpus-per-actor 0.25 "$@"
+  job run --config "$config" --gpus-per-actor 0.25
 done
+submit_jobs "$@"

@@ -6,24 +6,24 @@
 # into the experiment rotmnist-csac-bn (export it with --variant model=mnist-cnn-bn).
 # Usage: jobs/csac-tables.sh [--others] [--address ADDR] [raydg run options]
 set -euo pipefail
-here=$(dirname "$0")
+source "$(dirname "$0")/lib.sh"
 table3=(--config configs/csac-rotmnist.yaml --gpus-per-actor 0.25)
 if [[ "${1:-}" == "--others" ]]; then
   shift
   for row in "--method fedprox" "--method fedsr" "--method fedavg --augment ccst" \
              "--method fedavg --aggregation ga" "--method fedavg --aggregation fedgma"; do
     # shellcheck disable=SC2086  # $row is several words
-    "$here/submit.sh" run "${table3[@]}" $row --experiment rotmnist-csac "$@"
+    job run "${table3[@]}" $row --experiment rotmnist-csac
   done
   for method in fedavg fedbn silobn fedfd fedfd-a gperxan; do
-    "$here/submit.sh" run "${table3[@]}" --method "$method" --model mnist-cnn-bn \
-      --experiment rotmnist-csac-bn "$@"
+    job run "${table3[@]}" --method "$method" --model mnist-cnn-bn --experiment rotmnist-csac-bn
   done
-  exit
+else
+  for config in configs/csac-{pacs,vlcs}.yaml; do
+    job run --config "$config" --gpus-per-actor 0.25
+  done
+  for method in csac fedavg elcfs deepall; do
+    job run "${table3[@]}" --method "$method" --experiment rotmnist-csac
+  done
 fi
-for config in configs/csac-{pacs,vlcs}.yaml; do
-  "$here/submit.sh" run --config "$config" --gpus-per-actor 0.25 "$@"
-done
-for method in csac fedavg elcfs deepall; do
-  "$here/submit.sh" run "${table3[@]}" --method "$method" --experiment rotmnist-csac "$@"
-done
+submit_jobs "$@"

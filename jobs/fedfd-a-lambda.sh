@@ -3,6 +3,8 @@
 # weight; per held-out domain the selected lambda has the best source validation.
 # Usage: jobs/fedfd-a-lambda.sh [--address ADDR] [raydg sweep options]
 set -euo pipefail
+source "$(dirname "$0")/lib.sh"
 for sweep in configs/sweeps/fedfd-a-lambda{1,2}-pacs.yaml; do
-  "$(dirname "$0")/submit.sh" sweep "$sweep" --gpus-per-actor 0.25 "$@"
+  job sweep "$sweep" --gpus-per-actor 0.25
 done
+submit_jobs "$@"

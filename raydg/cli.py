@@ -160,8 +160,9 @@ RUN_OPTIONS = [
     click.option("--storage", help="Trials' results and checkpoints: a folder or a URI such as "
                                    "s3://bucket/path. [default: $RAYDG_STORAGE or "
                                    "./raydg-results]"),
-    click.option("--address", help="Ray cluster to join: HOST:PORT or auto. [default: a local "
-                                   "Ray, or $RAY_ADDRESS]"),
+    click.option("--address", help="Ray cluster to join: HOST:PORT or auto; or local: a fresh "
+                                   "Ray on this machine even where RAY_ADDRESS is set. "
+                                   "[default: a local Ray, or $RAY_ADDRESS]"),
     click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                  help="Any config key, e.g. --set options.mu=0.1 (repeatable)."),
     click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2",
@@ -429,6 +430,49 @@ def data_check(ctx: click.Context, name: str, data_root: str | None) -> None:
     click.echo(f"{name}: OK")
 
 
+@cli.command(context_settings=CONTEXT)
+@click.option("--gpus", default=0, show_default=True,
+              help="GPUs torch must see here; with any, the round's client actors use them.")
+def doctor(gpus: int) -> None:
+    """Print what this node offers raydg (Python, glibc, torch and its CUDA, the GPUs torch
+    sees, the NVIDIA driver, Ray) and run one round of FedAvg on the embedded digits on a
+    fresh Ray of this node alone. jobs/smoke.sh runs it on each node type of a cluster."""
+    from raydg.doctor import doctor as check
+
+    check(gpus, click.echo)
+
+
+@cli.group(context_settings=CONTEXT)
+def store() -> None:
+    """Back up an MLflow SQLite store to a folder or bucket, and restore it (a cluster's
+    tracking store outlives the cluster this way)."""
+
+
+@store.command("backup")
+@click.argument("db", type=click.Path(path_type=Path))
+@click.argument("destination")
+@click.option("--keep", default=10, show_default=True, help="Backups to keep in DESTINATION.")
+def store_backup(db: Path, destination: str, keep: int) -> None:
+    """Write a consistent snapshot of the SQLite store DB (safe while a server writes it) to
+    DESTINATION, a folder or a URI such as s3://bucket/mlflow-backups."""
+    from raydg.store_backup import backup
+
+    click.echo(f"backed up {db} to {backup(db, destination, keep)}")
+
+
+@store.command("restore")
+@click.argument("source")
+@click.argument("db", type=click.Path(path_type=Path))
+def store_restore(source: str, db: Path) -> None:
+    """Put the newest backup in SOURCE at DB (which must not exist); nothing to do when
+    SOURCE holds no backup yet."""
+    from raydg.store_backup import restore
+
+    found = restore(source, db)
+    click.echo(f"restored {db} from {found}" if found else f"no backup in {source}: {db} "
+               "starts empty")
+
+
 @cli.command("list", context_settings=CONTEXT)
 @click.argument("what", type=click.Choice(["methods", "datasets", "models", "configs"]))
 def list_cmd(what: str) -> None:
@@ -460,7 +504,7 @@ def list_cmd(what: str) -> None:
             click.echo(f"{name}: {(build.__doc__ or '').strip().splitlines()[0]}")
 
 
-EXPERIMENTS = ("run", "sweep", "resume")  # the commands that start Ray
+EXPERIMENTS = ("run", "sweep", "resume", "doctor")  # the commands that start Ray
 
 
 def main() -> None:

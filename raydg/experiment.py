@@ -63,16 +63,40 @@ class ExperimentResult:
         return self.plan.config
 
 
+def cluster_address(cfg: RunConfig) -> str | None:
+    """The Ray cluster to join: ``cfg.address``, else ``RAY_ADDRESS``; None for a fresh local
+    Ray (``local`` asks for one even inside a Ray job, where ``RAY_ADDRESS`` is set)."""
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    return None if address == "local" else address
+
+
 def check_reachable(address: str) -> None:
     """Refuse a ``host:port`` cluster address that does not answer (``ray.init`` would retry
     for minutes)."""
     host, _, port = address.split("://")[-1].rpartition(":")
     if not host or not port.isdigit():
-        raise RaydgError(f"--address {address!r} is not 'auto' or HOST:PORT")
+        raise RaydgError(f"--address {address!r} is not 'auto', 'local' or HOST:PORT")
     try:
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
     except OSError as err:
         raise RaydgError(f"cannot reach the Ray cluster at {address}: {err}") from None
+
+
+@contextlib.contextmanager
+def _outside_job(fresh: bool) -> Iterator[None]:
+    """For a fresh local Ray (``fresh``) inside a Ray job (``raydg doctor`` from
+    jobs/smoke.sh): hide the job's runtime environment from ``ray.init``, which would give it to
+    the new Ray, whose nodes cannot fetch the job's packages (its working_dir is a ``gcs://``
+    URI of the cluster). The new Ray's workers import from the job's working directory, the
+    driver's current directory, instead; its environment variables are this process's."""
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR as NAME
+
+    hidden = os.environ.pop(NAME, None) if fresh else None
+    try:
+        yield
+    finally:
+        if hidden is not None:
+            os.environ[NAME] = hidden
 
 
 @contextlib.contextmanager
@@ -82,15 +106,16 @@ def ray_session(cfg: RunConfig) -> Iterator[tuple[bool, list[Callable[[], None]]
     stop what was started or joined). Yields whether no cluster was named, i.e. whether the Ray
     in use is this machine's own, and the list of what records a stop that SIGTERM began but
     Ray could not end in time (:func:`raydg.signals.stop_on_sigterm`)."""
-    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    address = cluster_address(cfg)
     if address and address != "auto":
         check_reachable(address)
     if ray.is_initialized():
         yield address is None, []
         return
     try:  # "local": a fresh Ray, never a stale one that `ray start` left in /tmp/ray
-        ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=True)
+        with _outside_job(address is None):
+            ray.init(address=address or "local", include_dashboard=False,
+                     logging_level="ERROR", log_to_driver=True)
     except ConnectionError as err:
         raise RaydgError(f"cannot join a Ray cluster at {address}: {err}") from None
     if address is None:
@@ -194,7 +219,7 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         verify_checkpoints(resume, plan.federations)
     sources = len(data.domains) - 1
     run_id = manifest["run_id"] if manifest else None
-    address = base.address or os.environ.get("RAY_ADDRESS")
+    address = cluster_address(base)
     say(f"raydg: {'joining the Ray cluster at ' + address if address else 'starting Ray'}")
     with session(base, plan, run_id) as (local, tracker, on_timeout):
         directory = resume or experiment_dir(plan, tracker.run_id)

@@ -547,6 +547,8 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
                                f"{directory}")
     grid = tuner.fit()
     for result in grid:
+        if isinstance(result.error, str):  # Tune's text of an error it could not unpickle
+            raise RuntimeError(f"a federation failed: {result.error}")
         if result.error is not None:
             cause = _root_cause(result.error)
             if isinstance(cause, RaydgError):

@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import random
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -44,6 +45,17 @@ def free_ports(n: int = 1) -> list[int]:
         if len(ports) == n:
             return ports
     raise RuntimeError(f"fewer than {n} free ports in 20000-{low - 1}")
+
+
+def wait_for_head(head: subprocess.Popen) -> None:
+    """Block until a ``ray start --head --block`` process with piped text output says it is
+    up; fail with what it printed if it ended instead."""
+    started = []
+    for line in head.stdout:
+        started.append(line)
+        if "Ray runtime started" in line:
+            break
+    assert head.poll() is None, "".join(started)[-3000:]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -93,3 +105,25 @@ def tiny_config(**overrides) -> RunConfig:
     base = RunConfig(dataset="digits-style", method="fedavg", target="sketch", rounds=2,
                      local_steps=4, batch_size=16, val_every=2)
     return resolve(dataclasses.replace(base, **overrides))
+
+
+def assert_same_as_on_a_local_ray(cfg: RunConfig, *others) -> None:
+    """Run ``cfg`` on a fresh 2-CPU Ray of this machine alone and check that every experiment
+    result in ``others`` has its results bit for bit: global weights, validation curves and the
+    summary."""
+    import numpy as np
+
+    from raydg.experiment import run_experiment
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
+    try:
+        local = run_experiment(dataclasses.replace(cfg, address=None), out=lambda _: None)
+    finally:
+        ray.shutdown()
+    for other in others:
+        for a, b in zip(other.runs, local.runs, strict=True):
+            for k in a.global_state:
+                np.testing.assert_array_equal(a.global_state[k], b.global_state[k], err_msg=k)
+            assert [r["val_acc"] for r in a.history] == [r["val_acc"] for r in b.history]
+        assert other.summary == local.summary

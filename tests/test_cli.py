@@ -96,7 +96,7 @@ BAD_INPUTS = [
     (["run", "digits-style", "--config", "/nonexistent.yaml"], "does not exist"),
     (["run", "digits-style", "--address", "127.0.0.1:9"],
      "cannot reach the Ray cluster at 127.0.0.1:9"),
-    (["run", "digits-style", "--address", "nowhere"], "is not 'auto' or HOST:PORT"),
+    (["run", "digits-style", "--address", "nowhere"], "is not 'auto', 'local' or HOST:PORT"),
     (["run", "digits-style", "--storage", "/proc/raydg-results"], "cannot write to --storage"),
     (["run", "digits-style", "--grid", "lr="], "needs a non-empty list of values"),
     (["run", "digits-style", "--grid", "colour=1,2"], "unknown config key 'colour'"),
@@ -211,3 +211,14 @@ def test_an_unreadable_weights_file_is_one_line(tmp_path, content):
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == 2 and len(lines) == 1, result.output
     assert lines[0].startswith(f"raydg: error: cannot load weights file {path}: ")
+
+
+def test_doctor_prints_the_node_and_refuses_missing_gpus_before_its_round():
+    """This machine has no GPU: asked for one, doctor prints what it found and stops with one
+    error line, before it runs a round."""
+    result = CliRunner().invoke(cli, ["doctor", "--gpus", "1"])
+    assert result.exit_code == 2, result.output
+    assert "GPUs torch sees: 0 (none)" in result.stdout and "torch built for CUDA" in result.stdout
+    assert result.stderr.strip().startswith("raydg: error: torch sees 0 GPU(s) on ")
+    assert "1 expected" in result.stderr
+    assert "one round" not in result.stdout and "doctor: OK" not in result.stdout

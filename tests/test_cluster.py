@@ -1,6 +1,6 @@
 """Multi-node: cluster.yaml passes Ray's validation, a two-node Ray cluster on this machine runs
-federations on both nodes with single-node results, and a job submitted with jobs/submit.sh
-to a local head finishes and logs to MLflow.
+federations on both nodes with single-node results, and jobs submitted with jobs/submit.sh and
+jobs/smoke.sh to a local head finish, log to MLflow and back its store up.
 
 Each test starts and stops its own Ray processes (never ``ray stop``): the cluster with
 ``Cluster.shutdown()``, the ``ray start --block`` head with SIGTERM.
@@ -9,7 +9,6 @@ Each test starts and stops its own Ray processes (never ``ray stop``): the clust
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -17,7 +16,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import ray
 import yaml
@@ -26,7 +24,8 @@ from ray.cluster_utils import Cluster
 
 from raydg.config import RunConfig
 from raydg.experiment import run_experiment
-from tests.conftest import free_ports
+from raydg.store_backup import restore
+from tests.conftest import assert_same_as_on_a_local_ray, free_ports, wait_for_head
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"dataset": "digits-style", "target": "sketch", "rounds": 5, "local_steps": 4,
@@ -45,7 +44,14 @@ def test_cluster_yaml_passes_rays_validation():
     assert gpu and all(t["min_workers"] == 0 for t in gpu.values())  # GPUs scale from zero
     assert prepared["head_node_type"] == "head"
     head_commands = " ".join(prepared["head_start_ray_commands"])
-    assert "mlflow server" in head_commands and "--backend-store-uri sqlite:" in head_commands
+    assert "deploy/aws/mlflow-server.sh start" in head_commands  # restores, then health-checks
+    image = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-"
+    profiles = {name: t["node_config"]["IamInstanceProfile"]["Name"]
+                for name, t in prepared["available_node_types"].items()}
+    assert profiles == {name: "raydg-head" if name == "head" else "raydg-worker"
+                        for name in profiles}  # the profiles deploy/aws/create-iam.sh makes
+    assert all(t["node_config"]["ImageId"].startswith(image)
+               for t in prepared["available_node_types"].values())
     assert any("constraints.txt" in c for c in prepared["setup_commands"])
     raw["available_node_types"]["gpu-1"]["min_wrkers"] = 0  # Ray's schema refuses unknown keys
     with pytest.raises(ValidationError, match="min_wrkers"):
@@ -86,21 +92,14 @@ def test_two_node_cluster_places_federations_on_both_nodes_with_single_node_resu
     children = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id],
                                   f"tags.mlflow.parentRunId = '{lost.run_id}'")
     assert sorted(c.data.tags.get("raydg.restarts", "0") for c in children) == ["0", "1"]
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
-             log_to_driver=False)
-    try:
-        local = run_experiment(dataclasses.replace(cfg, address=None), out=lambda _: None)
-    finally:
-        ray.shutdown()
-    for other in (spread, lost):
-        for a, b in zip(other.runs, local.runs, strict=True):
-            for k in a.global_state:
-                np.testing.assert_array_equal(a.global_state[k], b.global_state[k], err_msg=k)
-            assert [r["val_acc"] for r in a.history] == [r["val_acc"] for r in b.history]
-        assert other.summary == local.summary
+    assert_same_as_on_a_local_ray(cfg, spread, lost)
 
 
-def test_a_job_submitted_to_a_local_head_finishes_and_logs_to_mlflow(tmp_path):
+def test_jobs_submitted_to_a_local_head_log_to_mlflow_back_it_up_and_pass_the_smoke_check(
+        tmp_path):
+    """A run job (an experiment name with a space, ``--address=``) finishes, logs to MLflow and
+    backs the store up (a folder stands in for the bucket); the smoke job for the head's node
+    type lands on it (its raydg-node-head resource) and passes ``raydg doctor``."""
     bin_dir = Path(sys.executable).parent
     # its own temp dir (short: Unix socket paths), so that no later ray.init() on this machine
     # finds this head's address in /tmp/ray/ray_current_cluster once it is gone
@@ -110,35 +109,48 @@ def test_a_job_submitted_to_a_local_head_finishes_and_logs_to_mlflow(tmp_path):
     path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"  # jobs run `python` from the venv
     head = subprocess.Popen(
         [str(bin_dir / "ray"), "start", "--head", "--block", "--num-cpus", "2",
-         f"--temp-dir={temp_dir}",
+         "--resources", '{"raydg-node-head": 1}', f"--temp-dir={temp_dir}",
          "--include-dashboard=true", "--dashboard-host", "127.0.0.1",
          *(f"--{name}={port}" for name, port in ports.items())],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PATH": path})
-    started = []  # what the head printed until it was up, for a failure's message
-    for line in head.stdout:  # blocks until the head says it is up
-        started.append(line)
-        if "Ray runtime started" in line:
-            break
-    assert head.poll() is None, "".join(started)[-3000:]
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    env = {**os.environ, "PATH": path,
-           "RAY_ADDRESS": f"http://127.0.0.1:{ports['dashboard-port']}",
-           "RAYDG_STORAGE": str(tmp_path / "results"), "MLFLOW_TRACKING_URI": uri}
+    wait_for_head(head)
+    db, bucket = tmp_path / "mlflow.db", tmp_path / "bucket" / "mlflow-backups"
+    address = f"--address=http://127.0.0.1:{ports['dashboard-port']}"
+    env = {**os.environ, "PATH": path, "RAYDG_STORAGE": str(tmp_path / "results"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{db}", "RAYDG_MLFLOW_DB": str(db),
+           "RAYDG_MLFLOW_BACKUPS": str(bucket), "RAYDG_JOBS_LOG": str(tmp_path / "jobs.tsv")}
+    env.pop("RAY_ADDRESS", None)
+    smoke = tmp_path / "cluster.yaml"
+    smoke.write_text(yaml.safe_dump({"available_node_types": {"head": {"resources": {
+        "CPU": 2, "raydg-node-head": 1}}}}))
     try:
         job = subprocess.run(
             [str(ROOT / "jobs" / "submit.sh"), "run", "digits-style", "--target", "sketch",
-             "--rounds", "1", "--local-steps", "2", "--seed", "0", "--wait"],
+             "--rounds", "1", "--local-steps", "2", "--seed", "0", address,
+             "--experiment", "cluster smoke", "--wait"],
             env=env, capture_output=True, text=True, timeout=300)
+        checked = subprocess.run([str(ROOT / "jobs" / "smoke.sh"), "--cluster", str(smoke),
+                                  address, "--wait"],
+                                 env=env, capture_output=True, text=True, timeout=300)
     finally:
         head.terminate()
         head.wait(timeout=60)
         shutil.rmtree(temp_dir, ignore_errors=True)
-    assert job.returncode == 0, "".join(started)[-3000:] + job.stdout[-3000:] + job.stderr[-3000:]
-    assert "succeeded" in job.stdout + job.stderr
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
+    assert "succeeded" in job.stderr
+    client = MlflowClient(f"sqlite:///{db}")
+    runs = client.search_runs([client.get_experiment_by_name("cluster smoke").experiment_id])
     assert sorted(("mlflow.parentRunId" in r.data.tags, r.info.status) for r in runs) == [
         (False, "FINISHED"), (True, "FINISHED")]
     child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
     assert [m.step for m in client.get_metric_history(child.info.run_id, "val_acc")] == [1]
+    restored = tmp_path / "restored.db"  # the backup the job made holds the runs
+    restore(str(bucket), restored)
+    again = MlflowClient(f"sqlite:///{restored}")
+    assert len(again.search_runs([again.get_experiment_by_name("cluster smoke").experiment_id
+                                  ])) == 2
+    assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
+    assert "doctor: OK" in checked.stderr and "GPUs torch sees: 0" in checked.stderr
+    ids = [line.split("\t")[0] for line in (tmp_path / "jobs.tsv").read_text().splitlines()]
+    assert len(ids) == 2 and ids[0] in job.stdout and ids[1] in checked.stdout
