@@ -391,6 +391,10 @@ def test_adapter_eps_init_starts_every_layer_at_that_alpha_for_a_neutral_input(c
         assert torch.all((got - 0.5).abs() < 0.5)  # inside the clamp: it passes a gradient
     with pytest.raises(RaydgError, match="adapter_eps_init"):
         cls.parse_options({"adapter_eps_init": 1.5})
+    assert cls.Options().adapter_eps_init == 0.5  # the clamp's centre by default
+    assert cls.parse_options({"adapter_eps_init": None}).adapter_eps_init is None  # PyTorch's
+    with pytest.raises(RaydgError, match="adapter_reduction"):  # None only where it is allowed
+        cls.parse_options({"adapter_reduction": None})
 
 
 @pytest.mark.parametrize(("eps_bias", "alpha", "zero", "gradient"),

@@ -195,7 +195,8 @@ class Method:
             if isinstance(default, float) and isinstance(value, int) and not isinstance(
                     value, bool):
                 setattr(options, key, float(value))
-            elif default is not None and not isinstance(value, type(default)):
+            elif default is not None and not isinstance(value, type(default)) and not (
+                    value is None and "None" in str(known[key].type)):  # `float | None`
                 raise RaydgError(f"option {key!r} of {cls.name} must be "
                                  f"{type(default).__name__}, got {value!r}")
             numbers = getattr(options, key)

@@ -315,10 +315,12 @@ class FedFD(Method):
 class FedFDAOptions(FedFDOptions):
     adapter_alpha: str = "scalar"  # one alpha per layer and sample (FedFD-A) or per channel
     adapter_reduction: int = 16  # hidden width C // reduction (Table 4: +0.22M on ResNet-18)
-    # None: PyTorch's initialisation of the adapter's last layer; v: its eps outputs' bias
-    # starts at v (0.5: the centre of the clamp), so no layer starts with alpha = 0 for every
-    # input, the clamp's dead zone, where only the noise z*delta of Eq. (7) passes a gradient
-    adapter_eps_init: float | None = None
+    # v: the bias of the adapter's eps outputs starts at v, by default 0.5, the clamp's centre
+    # (the fixed alpha of Table 3(c2)); None: PyTorch's initialisation, which starts many
+    # layers with alpha = 0 for every input, the clamp's dead zone, where only the noise
+    # z*delta of Eq. (7) passes a gradient. The paper gives no initialisation; 0.5 is the one
+    # that training-domain validation selects (docs/fidelity-ablations.md, "FedFD-A's adapter")
+    adapter_eps_init: float | None = 0.5
     # the adapter's learning rate over the main network's (FedFD-A §4.1 trains both with one
     # SGD, lr 0.01: 1 is the paper's; a control for an adapter that learns too slowly)
     adapter_lr_scale: float = 1.0
