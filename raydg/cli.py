@@ -66,7 +66,7 @@ class GroupedCommand(click.Command):
 
 
 OPTION_GROUPS = {
-    "Protocol": ("method", "augment", "aggregation", "target", "clients", "dirichlet",
+    "Protocol": ("method", "augment", "aggregation", "plugins", "target", "clients", "dirichlet",
                  "client_size", "sample", "seeds", "config_file", "sets", "grid"),
     "Training": ("rounds", "local_steps", "lr", "lr_schedule", "batch_size", "equal_compute",
                  "model", "image_size", "pretrained", "weights", "train_transform",
@@ -90,6 +90,10 @@ RUN_OPTIONS = [
     click.option("--augment", help="Add an augmentation method to the method, e.g. ccst."),
     click.option("--aggregation", help="Replace the method's aggregation weights by an "
                                        "aggregation rule, e.g. ga (FedDG-GA)."),
+    click.option("--plugin", "plugins", multiple=True, metavar="MODULE_OR_FILE",
+                 help="Load methods, datasets or models from this module or .py file "
+                      "(repeatable; installed packages' raydg entry points load by "
+                      "themselves)."),
     click.option("--target", help="Held-out domain, or all: one federation per domain. "
                                   "[default: all]"),
     click.option("--clients", type=int, help="Split the source domains into N clients. "
@@ -202,13 +206,14 @@ def _progress(quiet: bool) -> str:
 def _experiment(config_file: str | None, given: dict[str, Any], sets: tuple[str, ...],
                 grid: tuple[str, ...], need_search: bool, quiet: bool) -> None:
     """Config file < command-line options < ``--set``; the file's search and ``--grid``."""
-    from raydg.experiment import run_experiment
+    from raydg import api
 
     cfg, search = config_mod.RunConfig(), config_mod.Search()
     if config_file:
         values, search = config_mod.split_search(config_mod.load_yaml(config_file))
         cfg = config_mod.apply(cfg, values)
-    cfg = config_mod.apply(cfg, {k: v for k, v in given.items() if v is not None and v != []})
+    cfg = config_mod.apply(cfg, {k: list(v) if isinstance(v, tuple) else v
+                                 for k, v in given.items() if v not in (None, [], ())})
     cfg = config_mod.apply(cfg, config_mod.parse_sets(sets))
     clash = sorted(set(search.grid) & set(config_mod.parse_grid(grid)))
     if clash:
@@ -217,7 +222,7 @@ def _experiment(config_file: str | None, given: dict[str, Any], sets: tuple[str,
     if need_search and not search:
         raise RaydgError(f"sweep file {config_file!r} defines no grid and no random search "
                          "(keys 'grid' and 'random'); use raydg run for a single setting")
-    run_experiment(cfg, search, out=click.echo, progress=_progress(quiet))
+    api.run(config=cfg, search=search, out=click.echo, progress=_progress(quiet))
 
 
 @cli.command(cls=GroupedCommand, context_settings=CONTEXT, epilog=EXAMPLES)
@@ -475,8 +480,14 @@ def store_restore(source: str, db: Path) -> None:
 
 @cli.command("list", context_settings=CONTEXT)
 @click.argument("what", type=click.Choice(["methods", "datasets", "models", "configs"]))
-def list_cmd(what: str) -> None:
-    """List the registered methods, datasets or models, or the ready-made configs."""
+@click.option("--plugin", "plugins", multiple=True, metavar="MODULE_OR_FILE",
+              help="Also list what this module or .py file registers (repeatable).")
+def list_cmd(what: str, plugins: tuple[str, ...]) -> None:
+    """List the registered methods, datasets or models (each with its origin: built-in, or
+    the plugin that registered it), or the ready-made configs."""
+    from raydg.plugins import load
+
+    load(plugins)
     if what == "configs":
         for path in sorted([*CONFIGS.glob("*.yaml"), *CONFIGS.glob("sweeps/*.yaml")]):
             first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines()
@@ -491,17 +502,20 @@ def list_cmd(what: str) -> None:
             opts = ", ".join(f"options.{k}={v!r}" for k, v in vars(cls.Options()).items())
             role = (" [composes: --augment]" if cls.augmentation else
                     " [composes: --aggregation]" if cls.aggregation else "")
-            click.echo(f"{name}{also}{role}: {cls.paper}" + (f"; {opts}" if opts else ""))
+            click.echo(f"{name}{also}{role} [{METHODS.origin(name)}]: {cls.paper}"
+                       + (f"; {opts}" if opts else ""))
     elif what == "datasets":
         from raydg.datasets import DATASETS
 
         for name, spec in DATASETS:
-            click.echo(f"{name}: {spec.description}; domains: {', '.join(spec.domains)}")
+            click.echo(f"{name} [{DATASETS.origin(name)}]: {spec.description}; domains: "
+                       f"{', '.join(spec.domains)}")
     else:
         from raydg.models import MODELS
 
         for name, build in MODELS:
-            click.echo(f"{name}: {(build.__doc__ or '').strip().splitlines()[0]}")
+            click.echo(f"{name} [{MODELS.origin(name)}]: "
+                       f"{(build.__doc__ or '').strip().splitlines()[0]}")
 
 
 EXPERIMENTS = ("run", "sweep", "resume", "doctor")  # the commands that start Ray

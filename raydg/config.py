@@ -83,6 +83,9 @@ class RunConfig:
     # tracking
     tracking_uri: str | None = None
     experiment: str | None = None
+    # modules or .py files that register methods, datasets or models (raydg.plugins), besides
+    # the installed packages' entry points
+    plugins: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
     # options for whichever method runs, by method name, e.g. {fedprox: {mu: 0.1}}: what lets
     # one config serve a table's baselines; ``options`` override them
@@ -108,9 +111,10 @@ def _coerce(key: str, value: Any) -> Any:
             raise RaydgError(f"config key {key!r} cannot be empty")
         return None
     try:
-        if kind.startswith("list[int]"):
+        if kind.startswith("list["):
             items = value if isinstance(value, list) else [value]
-            return [int(v) for v in items]
+            return [int(v) for v in items] if kind.startswith("list[int]") else [
+                str(v) for v in items]
         if kind.startswith("bool"):
             if not isinstance(value, bool):
                 raise ValueError
@@ -204,11 +208,11 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 NOT_RESULTS = ("actors", "cpus_per_actor", "gpus_per_actor", "max_concurrent", "placement",
                "address", "storage", "tracking_uri", "experiment", "data_root", "cache",
                "cache_dir", "checkpoint_every", "max_failures", "skip_bad_images",
-               "reuse_actors", "paper_options")
+               "reuse_actors", "paper_options", "plugins")
 # Keys a search may not vary: they name the experiment's data, targets, seeds, resources or store.
 EXPERIMENT_KEYS = ("dataset", "target", "seeds", "data_root", "image_size", "skip_bad_images",
                    "cache", "cache_dir", "address", "max_concurrent", "placement", "storage",
-                   "tracking_uri", "experiment", "reuse_actors")
+                   "tracking_uri", "experiment", "reuse_actors", "plugins")
 DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from raydg import reaper
+from raydg import plugins, reaper
 from raydg.config import RunConfig, Search, setting_label, to_dict
 from raydg.datasets import load_dataset
 from raydg.datasets.cache import cache_root
@@ -100,22 +100,29 @@ def _outside_job(fresh: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_session(cfg: RunConfig) -> Iterator[tuple[bool, list[Callable[[], None]]]]:
+def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None
+                ) -> Iterator[tuple[bool, list[Callable[[], None]]]]:
     """Use the running Ray session, join ``cfg.address`` (or ``RAY_ADDRESS``; ``auto``: the
     cluster that ``ray start`` started last on this machine), or start a local Ray (and finally
     stop what was started or joined). Yields whether no cluster was named, i.e. whether the Ray
     in use is this machine's own, and the list of what records a stop that SIGTERM began but
-    Ray could not end in time (:func:`raydg.signals.stop_on_sigterm`)."""
+    Ray could not end in time (:func:`raydg.signals.stop_on_sigterm`). The ``shipped``
+    plugins go to every worker; those from files need a Ray that raydg starts or joins."""
     address = cluster_address(cfg)
     if address and address != "auto":
         check_reachable(address)
     if ray.is_initialized():
+        if any(p.file for p in shipped or ()):
+            raise RaydgError("plugin files need a Ray that raydg starts or joins, to ship "
+                             "them to its workers; this process started Ray itself: "
+                             "ray.shutdown() first")
         yield address is None, []
         return
     try:  # "local": a fresh Ray, never a stale one that `ray start` left in /tmp/ray
         with _outside_job(address is None):
             ray.init(address=address or "local", include_dashboard=False,
-                     logging_level="ERROR", log_to_driver=True)
+                     logging_level="ERROR", log_to_driver=True,
+                     runtime_env=plugins.runtime_env(shipped or []))
     except ConnectionError as err:
         raise RaydgError(f"cannot join a Ray cluster at {address}: {err}") from None
     if address is None:
@@ -139,7 +146,7 @@ def session(cfg: RunConfig, plan: Plan, run_id: str | None
         check_store(cfg.tracking_uri)
     with ThreadPoolExecutor(1) as pool:
         store = pool.submit(check_store, cfg.tracking_uri) if sqlite else None
-        with ray_session(cfg) as (local, on_timeout):
+        with ray_session(cfg, plan.plugins) as (local, on_timeout):
             if store is not None:
                 store.result()
             with Tracker(cfg, plan.label, plan.search, run_id) as tracker:
@@ -205,6 +212,8 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     cfg = dataclasses.replace(cfg, tracking_uri=tracking_uri(cfg))
     plan = plan_experiment(cfg, search)
     base = plan.config
+    for plugin in plan.plugins:
+        say(f"raydg: {plugin.origin}")
     say(f"raydg: loading {base.dataset}")
     cache = cache_root(base.cache_dir) if base.cache else None
     data = load_dataset(base.dataset, base.data_root, base.image_size, base.skip_bad_images, say,
@@ -232,6 +241,8 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
             tracker.set_tag("raydg.experiment_dir", directory)
             for key, value in data.provenance.items():
                 tracker.set_tag(f"raydg.data.{key}", value)
+        for key, value in plugins.tags(plan.plugins).items():
+            tracker.set_tag(key, value)
         feds = fit_actors(plan, lambda c: c.clients or sources, local, say)
         settings = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
         say(f"raydg: {plan.rows} on {base.dataset}, targets {plan.targets}, seeds "

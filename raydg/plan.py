@@ -24,6 +24,7 @@ from raydg.errors import RaydgError
 from raydg.methods import METHODS, Method, method_class
 from raydg.models import IMAGENET, MODELS, has_batchnorm, has_pretrained
 from raydg.partition import MIN_CLIENT_SAMPLES, plan_clients
+from raydg.plugins import Plugin, load
 from raydg.transforms import TRANSFORMS
 
 GLYPHS = "glyphs"  # the named pretraining of raydg.pretrain
@@ -265,6 +266,7 @@ class Plan:
     search: Search
     settings: list[dict[str, Any]]
     federations: list[Federation]
+    plugins: list[Plugin] = dataclasses.field(default_factory=list)
 
     @property
     def targets(self) -> list[str]:
@@ -285,8 +287,9 @@ class Plan:
 def plan_experiment(cfg: RunConfig, search: Search | None = None) -> Plan:
     """Resolve ``cfg`` and each setting of ``search``; one federation per (setting, target,
     seed), in that order. Every setting is resolved here, so a bad value in any of them is
-    refused before anything starts."""
+    refused before anything starts. The plugins are loaded first: their names resolve too."""
     search = search or Search()
+    plugins = load(cfg.plugins)
     base = resolve(cfg)
     settings = search.settings()
     federations = []
@@ -299,7 +302,7 @@ def plan_experiment(cfg: RunConfig, search: Search | None = None) -> Plan:
     if len(set(keys)) < len(keys):
         twice = sorted({k for k in keys if keys.count(k) > 1})
         raise RaydgError(f"the search repeats a setting: {', '.join(twice[:3])}")
-    return Plan(base, search, settings, federations)
+    return Plan(base, search, settings, federations, plugins)
 
 
 def weights_key(cfg: RunConfig) -> str:

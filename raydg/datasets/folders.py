@@ -105,42 +105,46 @@ def load_folders(request: LoadRequest, name: str, domains: dict[str, str],
 
 def _register(name: str, folder: str, domains: dict[str, str], description: str,
               key: Callable[[str], str] | None = None, source: DataSource | None = None,
-              expected: tuple[int, ...] | None = None) -> None:
+              expected: tuple[int, ...] | None = None,
+              defaults: TrainDefaults = PAPER_DEFAULTS) -> DatasetSpec:
     def load(request: LoadRequest) -> MultiDomainDataset:
         return load_folders(request, name, domains, key)
 
-    DATASETS.register(name)(
-        DatasetSpec(name, tuple(domains), PAPER_DEFAULTS, load, description, needs_root=True,
+    return DATASETS.register(name)(
+        DatasetSpec(name, tuple(domains), defaults, load, description, needs_root=True,
                     folder=folder, source=source, expected=expected)
     )
 
 
-def _domainbed(name: str, folder: str, domains: tuple[str, ...], description: str,
-               source: DataSource, expected: tuple[int, ...] | None = None) -> None:
-    """A dataset in DomainBed's layout ``ROOT/<folder>/<domain>/<class>/``."""
-    _register(name, folder, {d: f"{folder}/{d}" for d in domains}, description,
-              source=source, expected=expected)
+def domainbed(name: str, folder: str, domains: tuple[str, ...], description: str,
+              source: DataSource | None = None, expected: tuple[int, ...] | None = None,
+              defaults: TrainDefaults = PAPER_DEFAULTS) -> DatasetSpec:
+    """Register the dataset ``name`` in DomainBed's layout ``ROOT/<folder>/<domain>/<class>/``
+    (ROOT: the data root), trained by default with ``defaults`` (FedFD-A's protocol). Also
+    the way a plugin adds a folder of images (examples/folder_dataset)."""
+    return _register(name, folder, {d: f"{folder}/{d}" for d in domains}, description,
+                     source=source, expected=expected, defaults=defaults)
 
 
 # Sources and counts: DomainBed's downloads (Google Drive files; their archives' checksums are
 # not published, so the per-domain image counts are what verifies them).
-_domainbed("pacs", "PACS", ("art_painting", "cartoon", "photo", "sketch"),
+domainbed("pacs", "PACS", ("art_painting", "cartoon", "photo", "sketch"),
            "PACS, 7 classes, 4 domains (DomainBed layout; needs --data-root)",
            DataSource((Archive(drive_url("1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd"), "PACS.zip"),),
                       renames=(("kfold", "PACS"),)),
            (2048, 2344, 1670, 3929))
-_domainbed("vlcs", "VLCS", ("Caltech101", "LabelMe", "SUN09", "VOC2007"),
+domainbed("vlcs", "VLCS", ("Caltech101", "LabelMe", "SUN09", "VOC2007"),
            "VLCS, 5 classes, 4 domains (DomainBed layout; needs --data-root)",
            DataSource((Archive(drive_url("1skwblH1_okBwxWxmRsp9_qi15hyPpxg8"), "VLCS.tar.gz"),)),
            (1415, 2656, 3282, 3376))
-_domainbed("officehome", "office_home", ("Art", "Clipart", "Product", "Real World"),
+domainbed("officehome", "office_home", ("Art", "Clipart", "Product", "Real World"),
            "OfficeHome, 65 classes, 4 domains (DomainBed layout; needs --data-root)",
            DataSource((Archive(drive_url("1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC"),
                                "office_home.zip"),),
                       renames=(("OfficeHomeDataset_10072016", "office_home"),)),
            (2427, 4365, 4439, 4357))
 _DOMAINNET_URL = "http://csr.bu.edu/ftp/visda/2019/multi-source/"
-_domainbed("domainnet", "domain_net",
+domainbed("domainnet", "domain_net",
            ("clipart", "infograph", "painting", "quickdraw", "real", "sketch"),
            "DomainNet, 345 classes, 6 domains (DomainBed layout; needs --data-root; decoded "
            "into memory: ~0.6 M images, use a small --image-size or a large machine)",

@@ -1,0 +1,133 @@
+"""raydg from Python: what ``raydg run`` and ``raydg report`` do, with their results as tables.
+
+    import raydg
+
+    fedavg = raydg.run("digits-style", method="fedavg", seeds=[0, 1, 2], rounds=5)
+    print(fedavg.summary.to_pandas())             # the printed table, as numbers
+    rows = raydg.read_report(experiment="digits-style")  # the finished runs in the store
+
+This module's names (``run``, ``read_report``, ``Results``, re-exported by ``raydg``) are
+the stable surface; the command line is a thin layer over the same functions. A Ray that
+``run`` starts is stopped before it returns or raises (Ctrl-C included: the experiment
+stops, its runs end ``KILLED`` with their checkpoints, and :class:`raydg.Interrupted`'s
+``experiment_dir`` is the folder that ``raydg resume`` continues).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from raydg.config import RunConfig, Search, apply, load_yaml, split_search
+from raydg.errors import RaydgError
+
+
+@dataclass(frozen=True)
+class Results:
+    """An experiment's results.
+
+    ``rows``: one row per federation, inference mode and model selection (``selected``:
+    training-domain validation, ``last``, ``oracle``), with ``method``, ``setting`` (the
+    searched values), ``target``, ``seed``, ``mode``, ``primary`` (the mode the method reports),
+    ``selection``, ``round``, ``val_acc`` and ``accuracy`` (percent) and ``steps`` (local steps
+    per client). ``summary``: the printed table as numbers, one row per method, setting, mode
+    and selection: the mean and standard deviation over seeds per target and of ``Avg``.
+    Both are ``pyarrow.Table`` s (``.to_pandas()``, ``.to_pylist()``)."""
+
+    run_id: str  # the MLflow parent run
+    tracking_uri: str
+    config: RunConfig  # resolved: the dataset's defaults filled in
+    rows: pa.Table
+    summary: pa.Table
+    printed: str  # the tables as raydg prints them
+
+
+def run(dataset: str | None = None, *, config: str | Path | RunConfig | None = None,
+        search: Search | Mapping[str, Any] | None = None, out: Callable[[str], None] | None
+        = None, progress: str = "none", **settings: Any) -> Results:
+    """Run an experiment, as ``raydg run`` (or ``raydg sweep`` with a search).
+
+    ``config``: a YAML file (its ``grid``/``random`` keys are the search) or a
+    :class:`RunConfig`; ``settings``: config keys over it (``method="fedprox"``,
+    ``seeds=[0, 1]``, ``options={"mu": 0.1}`` or ``**{"options.mu": 0.1}``, ``plugins=[...]``);
+    ``search``: a :class:`Search` or its mapping (``{"grid": {"lr": [0.01, 0.05]}}``), added
+    to the file's. ``out`` receives raydg's lines (default: none but warnings, printed);
+    ``progress``: ``none``, ``lines`` or ``live``."""
+    from raydg.experiment import run_experiment
+
+    cfg, found = _config(config)
+    if dataset is not None:
+        settings = {"dataset": dataset, **settings}
+    cfg = apply(cfg, settings)
+    search = _search(found, search)
+    result = run_experiment(cfg, search, out=out or _warnings, progress=progress)
+    return Results(result.run_id, result.config.tracking_uri, result.config,
+                   _table(rows(result.runs)), _table(result.summary), result.printed)
+
+
+def rows(runs: Sequence[Any]) -> list[dict[str, Any]]:
+    """:func:`raydg.results.long_rows` with ``primary``: whether the row's mode is the one the
+    method reports."""
+    from raydg.results import long_rows
+
+    return [{**row, "primary": row["mode"] == r.mode} for r in runs for row in long_rows([r])]
+
+
+def read_report(*, tracking_uri: str | None = None, experiment: str | Sequence[str] = (),
+           dataset: str | None = None, methods: Sequence[str] = (), filter_string: str = "",
+           selection: str = "selected") -> pa.Table:
+    """The runs of an MLflow store (default: ``$MLFLOW_TRACKING_URI`` or ``mlflow.db`` here)
+    as ``raydg report`` tables them: one row per finished run, with ``table`` (runs that
+    differ in other settings are in different tables, never averaged together), ``method``
+    (as the report names it: ``fedprox [mu=0.1]``), ``target``, ``seed``, ``mode`` (the
+    reported one), ``selection``, ``accuracy`` (percent, at the ``selection``'s round) and
+    ``steps`` (local steps per client). Reads the store only: no Ray, no engine."""
+    from mlflow import MlflowClient
+
+    from raydg import report as report_mod
+    from raydg.tracking import tracking_uri as store_uri
+
+    experiments = [experiment] if isinstance(experiment, str) else list(experiment)
+    client = MlflowClient(store_uri(RunConfig(tracking_uri=tracking_uri)))
+    runs = report_mod.find_runs(client, experiments, dataset, methods, filter_string)
+    out = [{"table": i + 1, **row} for i, t in enumerate(report_mod.tables(runs, selection))
+           for row in report_mod.long_rows(t.runs, selection)]
+    if not out:
+        raise RaydgError(f"no finished raydg runs match in {client.tracking_uri}")
+    return _table(out)
+
+
+def _config(config: str | Path | RunConfig | None) -> tuple[RunConfig, Search]:
+    if config is None:
+        return RunConfig(), Search()
+    if isinstance(config, RunConfig):
+        return config, Search()
+    values, search = split_search(load_yaml(str(config)))
+    return apply(RunConfig(), values), search
+
+
+def _search(found: Search, given: Search | Mapping[str, Any] | None) -> Search:
+    if given is None:
+        return found
+    extra = given if isinstance(given, Search) else Search(**given)
+    clash = sorted(set(found.grid) & set(extra.grid))
+    if clash:
+        raise RaydgError(f"search repeats keys of the config file's grid: {clash}")
+    return dataclasses.replace(found, grid={**found.grid, **extra.grid},
+                               space={**found.space, **extra.space},
+                               samples=found.samples + extra.samples)
+
+
+def _warnings(line: str) -> None:
+    if line.startswith("raydg: warning"):
+        print(line)
+
+
+def _table(records: list[dict[str, Any]]) -> pa.Table:
+    columns = dict.fromkeys(k for r in records for k in r)
+    return pa.table({k: [r.get(k) for r in records] for k in columns})

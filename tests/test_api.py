@@ -1,0 +1,96 @@
+"""The Python API: the README's example (two methods, their paired difference from the returned
+tables, the same as ``raydg report --versus``), the tables against the printed ones, a report
+read from the store, and Ctrl-C in a script: the experiment stops and no Ray process is left."""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+from click.testing import CliRunner
+
+import raydg
+from raydg.cli import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_example() -> str:
+    """The Python block of the README's "Python API" section."""
+    section = (ROOT / "README.md").read_text().split("## Python API", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_example_prints_what_raydg_report_versus_prints(ray_session, capsys):
+    exec(compile(readme_example(), "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    ours = re.search(r"fedbn vs fedavg: ([+-]\d+\.\d\d ± \d+\.\d\d) over 3 seeds", printed)
+    assert ours, printed
+    report = CliRunner().invoke(cli, ["report", "--experiment", "api-demo", "--versus",
+                                      "fedavg"])
+    assert report.exit_code == 0, report.output
+    fedbn, = (line for line in report.stdout.splitlines() if line.startswith("fedbn "))
+    assert fedbn.split()[-3:] == ours.group(1).split(), (fedbn, ours.group(1))
+    assert "fedavg" in printed and "fedbn" in printed  # raydg.read_report's table, printed
+
+
+def test_results_tables_hold_the_printed_numbers(ray_session):
+    result = raydg.run("digits-style", method="fedfd-a", target="sketch", seeds=[0, 1],
+                       rounds=1, local_steps=2, experiment="api-tables")
+    rows = result.rows.to_pylist()
+    modes = ["adapter", "global", "instance", "fixed", "random"]  # fedfd-a's, adapter first
+    assert len(rows) == 2 * len(modes) * 3  # seeds x modes x selections
+    assert {r["mode"] for r in rows if r["primary"]} == {"adapter"}
+    summary = {(s["mode"], s["selection"]): s for s in result.summary.to_pylist()}
+    for (mode, selection), s in summary.items():
+        mine = [r["accuracy"] for r in rows if (r["mode"], r["selection"]) == (mode, selection)]
+        assert abs(s["sketch"] - sum(mine) / 2) < 1e-9
+    selected = summary[("adapter", "selected")]
+    assert f"{selected['sketch']:.2f} ± {selected['sketch_std']:.2f}" in result.printed
+    stored = raydg.read_report(experiment="api-tables").to_pylist()
+    assert sorted(r["accuracy"] for r in stored) == sorted(
+        r["accuracy"] for r in rows if r["primary"] and r["selection"] == "selected")
+
+
+SCRIPT = """
+import raydg, sys
+try:
+    raydg.run("digits-style", target="sketch", rounds=200, local_steps=20, clients=3,
+              tracking_uri=sys.argv[1], storage=sys.argv[2], progress="lines", out=print)
+except raydg.Interrupted as stop:
+    print("interrupted:", stop.experiment_dir, flush=True)
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_stops_the_experiment_and_leaves_no_ray_process(tmp_path):
+    """A script's Ctrl-C (SIGINT to the Python process, as a notebook's interrupt) while
+    rounds run: ``raydg.Interrupted``, then no process of the Ray it started is left."""
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    proc = subprocess.Popen([sys.executable, str(script), f"sqlite:///{tmp_path}/mlflow.db",
+                             str(tmp_path / "results")], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    lines = []
+    for line in proc.stdout:  # until the first round is done
+        lines.append(line)
+        if "round 1/200" in line:
+            break
+    ray_processes = psutil.Process(proc.pid).children(recursive=True)
+    assert ray_processes, "".join(lines)
+    proc.send_signal(signal.SIGINT)
+    start = time.monotonic()
+    lines += proc.stdout.readlines()
+    assert proc.wait(timeout=120) == 130, "".join(lines)[-3000:]
+    print(f"stopped {time.monotonic() - start:.1f} s after SIGINT")
+    folder, = (line.split(": ", 1)[1].strip() for line in lines
+               if line.startswith("interrupted: "))
+    assert (Path(folder) / "raydg.json").is_file()  # what `raydg resume FOLDER` continues
+    _, alive = psutil.wait_procs(ray_processes, timeout=30)
+    assert not alive, [(p.pid, p.name()) for p in alive]

@@ -1,0 +1,180 @@
+"""Plugins: methods and datasets from outside raydg (examples/), one-line refusals of broken
+ones, their origins in ``raydg list`` and MLflow, entry points of an installed package, and the
+example method on a two-node cluster whose worker node cannot import it by itself."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import ray
+from click.testing import CliRunner
+from mlflow import MlflowClient
+from ray.cluster_utils import Cluster
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from raydg import plugins
+from raydg.cli import cli
+from raydg.datasets import DATASETS
+from raydg.errors import RaydgError
+from raydg.methods import METHODS
+from raydg.models import MODELS
+from raydg.registry import BUILT_IN
+
+ROOT = Path(__file__).resolve().parents[1]
+L2R = ROOT / "examples" / "l2r" / "raydg_example_l2r.py"
+DIGITS_PNG = ROOT / "examples" / "folder_dataset" / "digits_png.py"
+PLUGIN_MODULES = ("bad", "other_l2r", "raydg_example_l2r", "digits_png")
+CLASH = """
+from raydg.methods import Method, register
+
+@register()
+class Early(Method):
+    name = "early-clash"
+
+@register()
+class Clash(Method):
+    name = "{name}"
+"""
+
+
+@pytest.fixture
+def forget():
+    """What the plugins of a test registered, and their modules, are gone after it."""
+    before = set(sys.modules)
+    yield
+    for registry in (METHODS, DATASETS, MODELS):
+        for origin in {registry.origin(name) for name, _ in registry} - {BUILT_IN}:
+            registry.remove(origin)
+    for name in set(sys.modules) - before:
+        if name in PLUGIN_MODULES:
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("x = (\n", "fails to import: SyntaxError: '(' was never closed (bad.py, line 1)"),
+    ("import no_such_dependency_abc\n", "it imports a missing module 'no_such_dependency_abc'"),
+    ("import math\nmath.sqrt(-1)\n", "fails to import: ValueError: math domain error (bad.py, "
+                                     "line 2)"),
+    (CLASH.format(name="fedavg"), "method 'fedavg' is already registered (built-in)"),
+])
+def test_a_broken_plugin_is_one_line_exit_2_and_leaves_nothing(tmp_path, text, message, forget):
+    bad = tmp_path / "bad.py"
+    bad.write_text(text)
+    result = CliRunner().invoke(cli, ["run", "digits-style", "--plugin", str(bad)])
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"raydg: error: plugin {str(bad)!r}") and line.endswith(message), line
+    assert "bad" not in sys.modules and "early-clash" not in METHODS.names()
+
+
+def test_a_missing_module_a_missing_file_and_a_clash_between_plugins(tmp_path, forget):
+    runner = CliRunner()
+    missing = runner.invoke(cli, ["run", "digits-style", "--plugin", "no_such_plugin_xyz"])
+    assert missing.exit_code == 2
+    assert missing.stderr.strip() == ("raydg: error: plugin 'no_such_plugin_xyz': no module "
+                                      "named 'no_such_plugin_xyz'")
+    gone = runner.invoke(cli, ["run", "digits-style", "--plugin", str(tmp_path / "gone.py")])
+    assert gone.exit_code == 2 and "no such file" in gone.stderr
+    other = tmp_path / "other_l2r.py"
+    other.write_text(CLASH.format(name="l2r"))
+    clash = runner.invoke(cli, ["run", "digits-style", "--plugin", str(L2R),
+                                "--plugin", str(other)])
+    assert clash.exit_code == 2
+    (line,) = clash.stderr.strip().splitlines()
+    assert line.startswith(f"raydg: error: plugin {str(other)!r}: method 'l2r' is already "
+                           f"registered (plugin {L2R} (sha256 ")
+
+
+def test_list_shows_each_entrys_origin(forget):
+    out = CliRunner().invoke(cli, ["list", "methods", "--plugin", str(L2R)]).stdout
+    lines = {line.split(" ")[0]: line for line in out.splitlines()}
+    assert "[built-in]" in lines["fedavg"]
+    assert f"[plugin {L2R} (sha256 " in lines["l2r"] and "options.weight=0.01" in lines["l2r"]
+    datasets = CliRunner().invoke(cli, ["list", "datasets", "--plugin", str(DIGITS_PNG)])
+    assert f"digits-png [plugin {DIGITS_PNG} (sha256 " in datasets.stdout
+
+
+def test_an_installed_packages_entry_point_is_loaded_with_its_version(tmp_path, monkeypatch,
+                                                                         forget):
+    """A distribution on sys.path (as pip would install examples/l2r) with its entry point."""
+    (tmp_path / "raydg_example_l2r.py").write_text(L2R.read_text())
+    info = tmp_path / "raydg_example_l2r-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: raydg-example-l2r\n"
+                                   "Version: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[raydg.methods]\nl2r = raydg_example_l2r\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = plugins.load()
+    assert [p.module for p in loaded] == ["raydg_example_l2r"]
+    assert METHODS.origin("l2r") == ("plugin raydg-example-l2r 0.1.0 (entry point "
+                                     "raydg.methods:l2r)")
+    assert plugins.runtime_env(loaded)["py_modules"] == [str(tmp_path / "raydg_example_l2r.py")]
+    assert plugins.tags(loaded) == {"raydg.plugin.raydg_example_l2r": (
+        "raydg-example-l2r 0.1.0 (entry point raydg.methods:l2r)")}
+    with pytest.raises(RaydgError, match="a module named 'raydg_example_l2r' is already "
+                                         "imported"):  # a file of that name is another module
+        plugins.load([str(L2R)])
+
+
+def test_the_example_method_trains_on_a_two_node_cluster_and_reports_beside_fedavg(
+        tmp_path, monkeypatch, forget):
+    """The worker node's processes cannot import the example (checked); raydg ships it. One of
+    the federation's client actors runs there, its L2R term is logged, and ``raydg report``
+    prints its row in the same table as FedAvg's."""
+    monkeypatch.chdir(tmp_path)  # nothing of the repository on the workers' paths by accident
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    common = ["digits-style", "--target", "sketch", "--rounds", "3", "--local-steps", "8",
+              "--seed", "0", "--batch-size", "16", "--clients", "3", "--placement", "spread",
+              "--tracking-uri", uri, "--storage", str(tmp_path / "results"),
+              "--experiment", "plugin", "--address"]
+    try:
+        worker = cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+        try:
+            here = NodeAffinitySchedulingStrategy(worker.node_id, soft=False)
+            def importable(name: str) -> bool:  # local: pickled by value, not by module
+                import importlib.util
+
+                return importlib.util.find_spec(name) is not None
+
+            found = ray.get(ray.remote(importable).options(scheduling_strategy=here).remote(
+                "raydg_example_l2r"))
+        finally:
+            ray.shutdown()
+        assert found is False
+        runner = CliRunner()
+        done = runner.invoke(cli, ["run", *common, cluster.address, "--plugin", str(L2R),
+                                   "--grid", "method=l2r,fedavg"])
+        assert done.exit_code == 0, done.output
+    finally:
+        cluster.shutdown()
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("plugin").experiment_id])
+    l2r, = (r for r in runs if r.data.params.get("method") == "l2r"
+            and "mlflow.parentRunId" in r.data.tags)
+    parent, = (r for r in runs if r.info.run_id == l2r.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["raydg.plugin.raydg_example_l2r"].startswith(f"{L2R} (sha256 ")
+    norm = [m.value for m in client.get_metric_history(l2r.info.run_id, "l2r/norm")]
+    loss = [m.value for m in client.get_metric_history(l2r.info.run_id, "train_loss")]
+    assert len(norm) == 3 and all(v > 0 for v in norm) and loss[-1] < loss[0]  # it trains
+    placement = client.download_artifacts(l2r.info.run_id, "placement.csv", str(tmp_path))
+    assert worker.node_id[:8] in Path(placement).read_text()  # a client actor ran there
+    report = runner.invoke(cli, ["report", "--tracking-uri", uri, "--experiment", "plugin"])
+    assert report.exit_code == 0, report.output
+    table = report.stdout.split("\n\n")[0].splitlines()
+    assert {line.split()[0] for line in table[3:]} == {"fedavg", "l2r"}
+
+
+def test_a_plugin_file_is_refused_where_ray_was_started_without_it(ray_session, forget):
+    """In a process that started Ray itself (a notebook's ray.init), raydg cannot give the
+    workers a plugin file: one line, not a worker's ImportError later."""
+    result = CliRunner().invoke(cli, ["run", "digits-style", "--plugin", str(L2R), "--method",
+                                      "l2r", "--rounds", "1"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1] == (
+        "raydg: error: plugin files need a Ray that raydg starts or joins, to ship them to its "
+        "workers; this process started Ray itself: ray.shutdown() first")
