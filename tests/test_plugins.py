@@ -178,3 +178,28 @@ def test_a_plugin_file_is_refused_where_ray_was_started_without_it(ray_session, 
     assert result.stderr.strip().splitlines()[-1] == (
         "raydg: error: plugin files need a Ray that raydg starts or joins, to ship them to its "
         "workers; this process started Ray itself: ray.shutdown() first")
+
+
+def test_the_example_folder_dataset_holds_the_digits_it_was_made_from(tmp_path, forget):
+    """examples/folder_dataset: the script's PNG folders, loaded through the plugin's
+    DomainBed-layout dataset, are digits-style's first images of each class, pixel for pixel
+    (in each of the three channels)."""
+    import subprocess
+
+    import numpy as np
+
+    from raydg.datasets import load_dataset
+
+    subprocess.run([sys.executable, str(ROOT / "examples/folder_dataset/make_dataset.py"),
+                    str(tmp_path), "--per-class", "3"], check=True, capture_output=True)
+    plugins.load([str(DIGITS_PNG)])
+    assert DATASETS.origin("digits-png").startswith(f"plugin {DIGITS_PNG}")
+    png = load_dataset("digits-png", str(tmp_path), None, log=lambda _: None)
+    digits = load_dataset("digits-style", None, None, log=lambda _: None)
+    assert png.domain_names == digits.domain_names and png.classes == digits.classes
+    for a, b in zip(png.domains, digits.domains, strict=True):
+        for label in range(len(digits.classes)):
+            made = a.x[a.y == label]
+            source = b.x[b.y == label][:3, 0]
+            assert len(made) == 3 and all((made[:, c] == source).all() for c in range(3))
+    assert np.bincount(png.domains[0].y).tolist() == [3] * len(digits.classes)
