@@ -207,10 +207,24 @@ def run_and_export(cfg: RunConfig, search: Search, path: Path, about: dict[str, 
     runs = client.search_runs([client.get_experiment_by_name(cfg.experiment).experiment_id],
                               f"tags.`mlflow.parentRunId` = '{result.run_id}'",
                               max_results=50000, order_by=["attributes.start_time ASC"])
-    cpu = platform.processor() or platform.machine()
-    about = {**about, "machine": f"{platform.node()} ({cpu}, {os.cpu_count()} cores)",
+    about = {**about, "machine": machine(),
              "command": "python benchmarks/fidelity.py " + " ".join(sys.argv[1:])}
     print(f"{export(client, runs, path, about)} runs written to {path}")
+
+
+def machine() -> str:
+    """This machine as a runs file records it: the CPU (model, family and model numbers) and
+    the instruction set torch's kernels use. On one machine a run is bit-identical whatever
+    its actors; on another CPU, the kernels' rounding differs and runs drift after round 1."""
+    import torch
+
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
+    info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in lines if ":" in line)}
+    cpu = info.get("model name") or platform.processor() or platform.machine()
+    family = f" family {info['cpu family']} model {info['model']}" if "cpu family" in info else ""
+    return (f"{platform.node()} ({cpu}{family}, {torch.backends.cpu.get_cpu_capability()}, "
+            f"{os.cpu_count()} cores)")
 
 
 def group_rows(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -421,7 +435,10 @@ def page(rows_dir: Path, shown: Path = ROWS) -> str:
            f"`{shown}/` (one per dataset, regime and protocol, written by `python "
            f"benchmarks/fidelity.py run`): {len(groups)} experiment(s), "
            f"{sum(a['seconds'] for a, _ in groups) / 3600:.1f} h on "
-           f"{'; '.join(first_seen([a['machine'] for a, _ in groups]))}. Seeds "
+           f"{'; '.join(first_seen([a['machine'] for a, _ in groups]))}: a run is "
+           "bit-identical on one machine whatever its actors, while another CPU's kernels "
+           "round differently and its runs drift after round 1, so each runs file comes from "
+           "one machine and every claim compares runs of one file. Seeds "
            f"{list(next(iter(seeds)))} for every method and claim, fixed before any run. See "
            "the docstring of `benchmarks/fidelity.py` for the protocols.", "",
            "Accuracy (%) on the held-out domain at the round selected by mean source "
