@@ -328,7 +328,17 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
         published = config_mod.paper_numbers(values, paper)
         dataset = dataset or values.get("dataset")
         selection = selection or published["selection"]
-    client = _runs_source(tracking_uri, rows_files, ledger)
+    try:
+        client = _runs_source(tracking_uri, rows_files, ledger)
+    except EmptyResult:
+        if published is None:
+            raise
+        client = None
+    if published is not None and (client is None or not report_mod.find_runs(
+            client, experiments, dataset, methods, filter_string)):
+        click.echo(report_mod.published_table(published, fmt))
+        click.echo("raydg: no runs match: the published numbers alone", err=True)
+        return
     if export_to:
         count = report_mod.export(client, Path(export_to), _about(), experiments=experiments,
                                   dataset=dataset, methods=methods, filter_string=filter_string)
@@ -371,7 +381,12 @@ def _runs_source(tracking_uri: str | None, rows_files: tuple[str, ...], ledger: 
 
         from raydg.tracking import tracking_uri as store_uri
 
-        return MlflowClient(store_uri(config_mod.RunConfig(tracking_uri=tracking_uri)))
+        uri = store_uri(config_mod.RunConfig(tracking_uri=tracking_uri))
+        path = Path(uri.removeprefix("sqlite:///"))
+        if uri.startswith("sqlite:///") and not path.is_file():  # MLflow would create one
+            raise EmptyResult(f"no MLflow store at {path} (runs write one there; "
+                              "--tracking-uri or MLFLOW_TRACKING_URI names another)")
+        return MlflowClient(uri)
     if tracking_uri:
         raise RaydgError("--rows reads runs files instead of a store: drop --tracking-uri")
     if ledger:

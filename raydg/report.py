@@ -205,6 +205,17 @@ def paper_rows(paper: dict[str, Any], targets: list[str]) -> dict[str, dict[str,
             for m, row in paper["accuracy"].items()}
 
 
+def published_table(paper: dict[str, Any], fmt: str) -> str:
+    """The paper's own table (``--paper`` where no run matches), in format ``fmt``."""
+    targets = first_seen([t for row in paper["accuracy"].values() for t in row if t != "Avg"])
+    cols = [*targets, "Avg"]
+    rows = paper_rows(paper, targets)
+    body = [[m, *(f"{row[c]:.2f}" if c in row else "" for c in cols)] for m, row in rows.items()]
+    records = [{"method": m, **row} for m, row in rows.items()]
+    return _format([(f"Accuracy (%) published in {paper['source']}", ["Method", *cols], body)],
+                   records, fmt)
+
+
 def round_means(client: Any, table: Table, metric: str) -> dict[str, dict[int, float]]:
     """Per method of ``table`` that logged ``metric``: its mean per round over the method's
     runs (held-out domains x seeds)."""

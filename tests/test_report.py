@@ -459,3 +459,25 @@ def test_a_diagnostic_block_is_its_functions_table(tmp_path):
                     "| b | 2 |\nb has 2.\n")
     with pytest.raises(RaydgError, match="one of"):
         pages.render("```diagnostic\nid: q\nname: e\n```\n", tmp_path, diagnostics=diagnostics)
+
+
+def test_report_creates_no_store_and_prints_a_papers_table_without_runs(tmp_path):
+    """No store where the report looks: one line, exit 1, nothing created; with --paper, the
+    published table alone (exit 0), its note on stderr."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    runner = CliRunner()
+    none = runner.invoke(cli, ["report", "--tracking-uri", uri])
+    assert none.exit_code == 1 and not (tmp_path / "mlflow.db").exists()
+    assert none.stderr.strip() == (f"raydg: no MLflow store at {tmp_path}/mlflow.db (runs write "
+                                   "one there; --tracking-uri or MLFLOW_TRACKING_URI names "
+                                   "another)")
+    paper = runner.invoke(cli, ["report", "--tracking-uri", uri, "--paper",
+                                str(Path(__file__).resolve().parents[1] / "configs"
+                                    / "csac-rotmnist.yaml")])
+    assert paper.exit_code == 0, paper.output
+    lines = paper.stdout.splitlines()
+    assert lines[0] == "Accuracy (%) published in CSAC Table 3"
+    fedavg, = (line.split() for line in lines if line.startswith("fedavg "))
+    assert fedavg == ["fedavg", "82.60", "98.56", "98.97", "93.66", "95.78", "86.30", "92.65"]
+    assert "no runs match: the published numbers alone" in paper.stderr
+    assert not (tmp_path / "mlflow.db").exists()
