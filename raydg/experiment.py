@@ -119,9 +119,9 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None
         yield address is None, []
         return
     try:  # "local": a fresh Ray, never a stale one that `ray start` left in /tmp/ray
-        with _outside_job(address is None):
+        with _outside_job(address is None):  # workers' output stays in Ray's log files
             ray.init(address=address or "local", include_dashboard=False,
-                     logging_level="ERROR", log_to_driver=True,
+                     logging_level="ERROR", log_to_driver=False,
                      runtime_env=plugins.runtime_env(shipped or []))
     except ConnectionError as err:
         raise RaydgError(f"cannot join a Ray cluster at {address}: {err}") from None

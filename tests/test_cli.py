@@ -222,3 +222,19 @@ def test_doctor_prints_the_node_and_refuses_missing_gpus_before_its_round():
     assert result.stderr.strip().startswith("raydg: error: torch sees 0 GPU(s) on ")
     assert "1 expected" in result.stderr
     assert "one round" not in result.stdout and "doctor: OK" not in result.stdout
+
+
+def test_a_sweep_prints_no_line_of_rays_logs(tmp_path):
+    """``raydg sweep`` as a user runs it (its own process and Ray): raydg's lines only, none
+    of Ray's log lines (they stay in Ray's log files). run and resume: tests/test_faults.py."""
+    from tests.test_faults import ray_lines
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("dataset: digits-style\ntarget: sketch\nrounds: 1\nlocal_steps: 2\n"
+                     "grid:\n  lr: [0.01, 0.05]\n")
+    done = subprocess.run([sys.executable, "-m", "raydg", "sweep", str(sweep), "--tracking-uri",
+                           f"sqlite:///{tmp_path}/mlflow.db"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "lr=0.05" in done.stdout  # the selection table
+    assert ray_lines(done.stdout + done.stderr) == []

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -115,6 +116,16 @@ def _stop_after_round(proc: subprocess.Popen, sig: int, after: int = 2, to: str 
     return "".join(printed) + rest, under, time.monotonic() - start
 
 
+RAY_LOG = re.compile(r"\x1b\[|\(\w[\w ]* pid=\d+"  # colour codes, a worker's prefix
+                     r"|^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(INFO|WARNING|ERROR)")  # its format
+
+
+def ray_lines(printed: str) -> list[str]:
+    """The lines of Ray's own logs (a worker's prefix, colour codes, its log format) in what
+    a command printed: none belongs in raydg's output."""
+    return [line for line in printed.splitlines() if RAY_LOG.search(line)]
+
+
 def _left(procs: list[psutil.Process]) -> list[str]:
     """Those of ``procs`` (a stopped command's, its Ray's) still running after 30 s."""
     _, alive = psutil.wait_procs(procs, timeout=30)
@@ -132,6 +143,7 @@ def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path)
     proc = _cli(*args, env=env)
     printed, under, _ = _stop_after_round(proc, signal.SIGINT, after=4)
     assert proc.returncode == 130, printed[-2000:]
+    assert ray_lines(printed) == []
     assert _left(under) == []
     (resume,) = [line for line in printed.splitlines() if "continue with: raydg resume" in line]
     directory = resume.split("raydg resume ")[1].strip()
@@ -171,6 +183,7 @@ def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path)
     assert again.returncode == 0, printed[-2000:]
     assert f"resuming the experiment in {directory}" in printed
     assert "Traceback" not in printed and not older.exists()
+    assert ray_lines(printed) == []  # Tune's "Restored on ... from checkpoint" among them
     runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
     assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 3  # + seed 1's
     assert parent.info.run_id in {r.info.run_id for r in runs}  # the same parent run
