@@ -260,18 +260,21 @@ def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, d
     blocks, records = [], []
     for i, (t, extra) in enumerate(zip(tabs, extras, strict=True)):
         cols = [*t.targets, "Avg"]
-        seeds = len({r.seed for r in t.runs})
-        added = sorted({k for r in t.rows for k in extra.get(r["method"], {})})
+        counts = sorted({r["seeds"] for r in t.rows})  # seeds per row: a column where they differ
+        added = [*(["Seeds"] if len(counts) > 1 else []),
+                 *sorted({k for r in t.rows for k in extra.get(r["method"], {})})]
         published = paper_rows(paper, t.targets) if paper else {}
         body = []
         for r in t.rows:
-            more = extra.get(r["method"], {})
-            body.append([r["method"], *(cell(r[c], r[c + "_std"], seeds) for c in cols),
+            more = {"Seeds": str(r["seeds"]), **extra.get(r["method"], {})}
+            body.append([r["method"], *(cell(r[c], r[c + "_std"], r["seeds"]) for c in cols),
                          *(more.get(k, "") for k in added)])
             records.append({"table": i, **{k: t.settings.get(k, UNSET)
                                            for k in differing(tabs)},
-                            "method": r["method"], "seeds": seeds, **{c: r[c] for c in cols},
-                            **{f"{c}_std": r[c + "_std"] for c in cols}, **more})
+                            "method": r["method"], "seeds": r["seeds"],
+                            **{c: r[c] for c in cols},
+                            **{f"{c}_std": r[c + "_std"] for c in cols},
+                            **{k: v for k, v in more.items() if k != "Seeds"}})
             if r["method"] in published:
                 paper_row = published[r["method"]]
                 records[-1].update({f"paper_{c}": v for c, v in paper_row.items()})
@@ -281,7 +284,9 @@ def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, d
                 body.append(["  measured - paper", *(
                     f"{r[c] - paper_row[c]:+.2f}" if c in paper_row else "" for c in cols),
                     *[""] * len(added)])
-        heading = f"{title}, {seeds} seed(s)" + setting_note(t, tabs)
+        seeds = f"{counts[0]} seed(s)" if len(counts) == 1 else (
+            f"{counts[0]}-{counts[-1]} seeds (Seeds: per row)")
+        heading = f"{title}, {seeds}" + setting_note(t, tabs)
         blocks.append((heading, ["Method", *cols, *added], body))
     return _format(blocks + rounds[0], records + rounds[1], fmt)
 

@@ -219,6 +219,7 @@ def summary_rows(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[st
             row[t], row[f"{t}_std"] = mean_std([r["accuracy"] for r in mine if r["target"] == t])
         per_seed = [np.mean([r["accuracy"] for r in mine if r["seed"] == s]) for s in seeds]
         row["Avg"], row["Avg_std"] = mean_std(per_seed)
+        row["seeds"] = len(seeds)
         row["steps"] = float(np.mean([r["steps"] for r in mine]))
         out.append(row)
     return out

@@ -481,3 +481,26 @@ def test_report_creates_no_store_and_prints_a_papers_table_without_runs(tmp_path
     assert fedavg == ["fedavg", "82.60", "98.56", "98.97", "93.66", "95.78", "86.30", "92.65"]
     assert "no runs match: the published numbers alone" in paper.stderr
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_rows_with_fewer_seeds_say_so(store, tmp_path):
+    """fedbn's seed 1 runs left out of a runs file: its row has one seed (no ± 0.00), the
+    table says 1-2 seeds and gains a Seeds column."""
+    import gzip
+
+    full = tmp_path / "runs.json.gz"
+    assert _invoke(store, "--filter", "params.lr = '0.05'", "--export", str(full)).exit_code == 0
+    data = json.loads(gzip.decompress(full.read_bytes()))
+    data["runs"] = [r for r in data["runs"] if not (
+        r["tags"].get("raydg.method") == "fedbn" and r["tags"].get("raydg.seed") == "1")]
+    fewer = tmp_path / "fewer.json.gz"
+    fewer.write_bytes(gzip.compress(json.dumps(data).encode()))
+    result = CliRunner().invoke(cli, ["report", "--rows", str(fewer)])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].endswith("selected round (training-domain validation), 1-2 seeds (Seeds: "
+                             "per row)"), lines[0]
+    assert lines[1].split() == ["Method", *TARGETS, "Avg", "Seeds"]
+    fedavg, fedbn = (next(line.split() for line in lines if line.startswith(m + " "))
+                     for m in METHODS)
+    assert fedavg[-1] == "2" and "±" in fedavg and fedbn[-1] == "1" and "±" not in fedbn
