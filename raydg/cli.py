@@ -86,7 +86,8 @@ def cli() -> None:
 
 
 RUN_OPTIONS = [
-    click.option("--method", "-m", help="Method (raydg list methods). [default: fedavg]"),
+    click.option("--method", "-m", help="Method (raydg list methods). [default: the config "
+                                        "file's, else fedavg]"),
     click.option("--augment", help="Add an augmentation method to the method, e.g. ccst."),
     click.option("--aggregation", help="Replace the method's aggregation weights by an "
                                        "aggregation rule, e.g. ga (FedDG-GA)."),
@@ -285,7 +286,8 @@ def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
                    "paper's with --paper]")
 @click.option("--format", "fmt", type=click.Choice(["console", "markdown", "latex", "csv",
                                                     "json"]), default="console",
-              show_default=True)
+              show_default=True, help="Text tables (console, markdown, latex), or their records "
+                                      "as data (csv, json).")
 @click.option("--output", "-o", type=click.Path(), help="Write the report to this file.")
 @click.option("--versus", metavar="METHOD",
               help="Add the paired difference to METHOD with its 95% interval over seeds.")

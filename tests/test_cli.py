@@ -238,3 +238,20 @@ def test_a_sweep_prints_no_line_of_rays_logs(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "lr=0.05" in done.stdout  # the selection table
     assert ray_lines(done.stdout + done.stderr) == []
+
+
+def test_the_readmes_option_table_and_run_help_name_the_same_options():
+    """Every option of ``raydg run`` is in the README's table of them, and every option the
+    table names is one of ``raydg run``'s."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("`raydg run [OPTIONS] [DATASET]` options", 1)[1].split("\n\n", 2)[1]
+    named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-z])\b", table))
+    run = cli.commands["run"]
+    options = {o for p in run.params for o in [*p.opts, *p.secondary_opts]
+               if o.startswith("-") and o != "--help"} - {"-h"}
+    assert named <= options, sorted(named - options)
+    documented = {p.name for p in run.params if set(p.opts) & named}
+    assert documented == {p.name for p in run.params if p.opts[0].startswith("-")} - {"help"}, (
+        sorted({p.opts[0] for p in run.params if p.name not in documented}))
