@@ -112,7 +112,7 @@ def test_options_and_composition_are_checked():
 
 def test_list_methods_shows_how_each_composes():
     out = CliRunner().invoke(cli, ["list", "methods"]).stdout
-    assert "ga (also feddg-ga) [composes: --aggregation]: Zhang et al., CVPR 2023" in out
+    assert "ga (also feddg-ga) [composes: --aggregation] [built-in]: Zhang et al., CVPR 2023" in out
     assert "ccst [composes: --augment]" in out
 
 
