@@ -263,8 +263,16 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         out(printed)
         say(f"\nraydg: done in {duration(time.perf_counter() - start)}. MLflow run "
             f"{tracker.run_id} in {base.tracking_uri} (browse: mlflow ui --backend-store-uri "
-            f"{base.tracking_uri}); trial files in {directory}")
+            f"{base.tracking_uri}, then {ui_link(tracker.experiment_id)}); trial files in "
+            f"{directory}")
         return ExperimentResult(plan, runs, summary, selection, printed, tracker.run_id)
+
+
+def ui_link(experiment_id: str, ui: str = "http://127.0.0.1:5000") -> str:
+    """The experiment's runs in the MLflow UI. MLflow 3.x opens an experiment in the view of
+    its sidebar's workflow switch, kept in the browser (GenAI in a fresh one: an empty
+    traces overview) unless the URL names the workflow."""
+    return f"{ui}/#/experiments/{experiment_id}?workflowType=machine_learning"
 
 
 def curve_points(runs: list[FederationResult]) -> list[dict[str, Any]]:

@@ -28,6 +28,8 @@ def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
     assert "round 2/2" in result.output and "Avg" in result.output
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("digits-style")
+    # the link that opens MLflow 3's UI on the runs, not on its GenAI overview
+    assert f"/#/experiments/{exp.experiment_id}?workflowType=machine_learning" in result.output
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
