@@ -23,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from raydg.config import RunConfig, Search, apply, load_yaml, split_search
+from raydg.config import RunConfig, Search, apply, extend_search, load_yaml, split_search
 from raydg.errors import RaydgError
 
 
@@ -115,10 +115,7 @@ def _search(found: Search, given: Search | Mapping[str, Any] | None) -> Search:
     if given is None:
         return found
     extra = given if isinstance(given, Search) else Search(**given)
-    clash = sorted(set(found.grid) & set(extra.grid))
-    if clash:
-        raise RaydgError(f"search repeats keys of the config file's grid: {clash}")
-    return dataclasses.replace(found, grid={**found.grid, **extra.grid},
+    return dataclasses.replace(extend_search(found, extra.grid, "search"),
                                space={**found.space, **extra.space},
                                samples=found.samples + extra.samples)
 

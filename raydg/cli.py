@@ -216,10 +216,7 @@ def _experiment(config_file: str | None, given: dict[str, Any], sets: tuple[str,
     cfg = config_mod.apply(cfg, {k: list(v) if isinstance(v, tuple) else v
                                  for k, v in given.items() if v not in (None, [], ())})
     cfg = config_mod.apply(cfg, config_mod.parse_sets(sets))
-    clash = sorted(set(search.grid) & set(config_mod.parse_grid(grid)))
-    if clash:
-        raise RaydgError(f"--grid repeats keys of the config file's grid: {clash}")
-    search.grid.update(config_mod.parse_grid(grid))
+    search = config_mod.extend_search(search, config_mod.parse_grid(grid), "--grid")
     if need_search and not search:
         raise RaydgError(f"sweep file {config_file!r} defines no grid and no random search "
                          "(keys 'grid' and 'random'); use raydg run for a single setting")

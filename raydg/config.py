@@ -337,6 +337,15 @@ def parse_search(grid: Any = None, random: Any = None) -> Search:
 FILE_SECTIONS = ("grid", "random", "paper")  # sections of a config file that are not keys
 
 
+def extend_search(search: Search, grid: dict[str, list[Any]], what: str) -> Search:
+    """``search`` with ``grid``'s keys added; ``what`` (``--grid``) names the added grid in the
+    error for a key that both have."""
+    clash = sorted(set(search.grid) & set(grid))
+    if clash:
+        raise RaydgError(f"{what} repeats keys of the config file's grid: {clash}")
+    return dataclasses.replace(search, grid={**search.grid, **grid})
+
+
 def split_search(values: dict[str, Any]) -> tuple[dict[str, Any], Search]:
     """A config file's keys without its ``grid``/``random``/``paper`` sections, and its
     search. A paper config's method settings (``method_options``, and ``options`` for its
