@@ -266,15 +266,15 @@ def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, d
         published = paper_rows(paper, t.targets) if paper else {}
         body = []
         for r in t.rows:
-            more = {"Seeds": str(r["seeds"]), **extra.get(r["method"], {})}
+            more = extra.get(r["method"], {})
+            shown = {"Seeds": str(r["seeds"]), **more}
             body.append([r["method"], *(cell(r[c], r[c + "_std"], r["seeds"]) for c in cols),
-                         *(more.get(k, "") for k in added)])
+                         *(shown.get(k, "") for k in added)])
             records.append({"table": i, **{k: t.settings.get(k, UNSET)
                                            for k in differing(tabs)},
                             "method": r["method"], "seeds": r["seeds"],
                             **{c: r[c] for c in cols},
-                            **{f"{c}_std": r[c + "_std"] for c in cols},
-                            **{k: v for k, v in more.items() if k != "Seeds"}})
+                            **{f"{c}_std": r[c + "_std"] for c in cols}, **more})
             if r["method"] in published:
                 paper_row = published[r["method"]]
                 records[-1].update({f"paper_{c}": v for c, v in paper_row.items()})
