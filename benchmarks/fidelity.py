@@ -239,7 +239,7 @@ def group_rows(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     rows = []
     for r in runs:
         selected = int(r.metrics["selected_round"])
-        val = dict(map(tuple, store.history[r.run_id]["val_acc"]))[selected]
+        val = dict(r.history(store, "val_acc"))[selected]
         setting = " ".join(w for w in re.split(r" (?=[\w.]+=)", r.setting)
                            if w and w.split("=")[0] not in METHOD_KEYS)
         for key, acc in r.metrics.items():
@@ -247,8 +247,8 @@ def group_rows(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
                 mode = key.rsplit("/", 1)[1]
                 rows.append({"method": r.method if mode == r.mode else f"{r.method} [{mode}]",
                              "setting": setting, "target": r.target, "seed": r.seed,
-                             "mode": mode, "selection": "selected", "val_acc": 100 * val,
-                             "accuracy": 100 * acc, "steps": r.metrics["steps_per_client"],
+                             "mode": mode, "selection": "selected", "val_acc": val,
+                             "accuracy": acc, "steps": r.metrics["steps_per_client"],
                              "params": r.params, "primary": mode == r.mode, "run_of": r.method})
     targets = first_seen([r["target"] for r in rows])
     chosen = {(s["method"], s["target"]): s["setting"]

@@ -1,13 +1,14 @@
 """raydg: a Ray-based parallel simulator for federated domain generalization.
 
 Its Python API (:mod:`raydg.api`): ``raydg.run(...)``, ``raydg.read_report(...)``,
-``raydg.Results`` and ``raydg.Interrupted``, imported on first use (``import raydg`` stays
+``raydg.Results``, ``raydg.Interrupted`` and ``raydg.load_model(...)`` (a logged model,
+:mod:`raydg.saved_model`), imported on first use (``import raydg`` stays
 light, and a module that reads results never imports the engine)."""
 
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Interrupted", "Results", "read_report", "run"]
+__all__ = ["Interrupted", "Results", "load_model", "read_report", "run"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,6 +16,10 @@ def __getattr__(name: str) -> Any:
         from raydg import api
 
         return getattr(api, name)
+    if name == "load_model":
+        from raydg.saved_model import load_model
+
+        return load_model
     if name == "Interrupted":
         from raydg.runner import Interrupted
 

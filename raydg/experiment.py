@@ -30,6 +30,7 @@ from raydg.results import (
     duration,
     format_selection,
     format_summary,
+    in_percent,
     long_rows,
     select_settings,
     summary_rows,
@@ -149,7 +150,7 @@ def session(cfg: RunConfig, plan: Plan, run_id: str | None
         with ray_session(cfg, plan.plugins) as (local, on_timeout):
             if store is not None:
                 store.result()
-            with Tracker(cfg, plan.label, plan.search, run_id) as tracker:
+            with Tracker(cfg, plan.label, plan.search, run_id, plan.name) as tracker:
                 on_timeout.append(lambda: tracker.end("KILLED"))
                 yield local, tracker, on_timeout
 
@@ -245,7 +246,8 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
             tracker.set_tag(key, value)
         feds = fit_actors(plan, lambda c: c.clients or sources, local, say)
         settings = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
-        say(f"raydg: {plan.rows} on {base.dataset}, targets {plan.targets}, seeds "
+        changed = f" ({plan.changed})" if plan.changed else ""
+        say(f"raydg: {plan.rows} on {base.dataset}{changed}, targets {plan.targets}, seeds "
             f"{base.seeds}{settings}, {base.rounds} rounds x {base.local_steps} local steps; "
             f"MLflow run {tracker.run_id}")
         runs = run_federations(plan, feds, data, weights, tracker, out, directory,
@@ -280,5 +282,6 @@ def curve_points(runs: list[FederationResult]) -> list[dict[str, Any]]:
     :func:`raydg.results.plot_curves`."""
     return [{"method": " ".join([r.method, *([setting_label(r.setting)] if r.setting else [])]),
              "target": r.target, "seed": r.seed, "round": int(h["round"]),
-             "target_acc": h["target_acc"], "val_acc": h.get("val_acc", float("nan"))}
+             **in_percent({"target_acc": h["target_acc"],
+                           "val_acc": h.get("val_acc", float("nan"))})}
             for r in runs for h in r.history]

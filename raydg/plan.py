@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raydg.config import RunConfig, Search, apply, setting_label
+from raydg.config import NOT_RESULTS, RunConfig, Search, apply, setting_label, to_dict
 from raydg.datasets import DATASETS, MultiDomainDataset
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, Method, method_class
@@ -198,6 +198,21 @@ def row_label(cfg: RunConfig, method: Method | None = None,
     return method_label(cfg, method) + (f" [{extra}]" if extra else "")
 
 
+# named apart from the settings a run changes: by the method's row label, the targets, the seeds
+NAMED_APART = ("dataset", "method", "augment", "aggregation", "options", "method_options",
+               "target", "seeds", "seed")
+
+
+def changed_settings(cfg: RunConfig) -> dict[str, Any]:
+    """The settings of the resolved ``cfg`` that change its result and differ from what its
+    dataset gives its method by default (``{"clients": 12, "dirichlet": 0.5}``); the method's
+    options are its row label's (:func:`row_label`)."""
+    default = to_dict(resolve(RunConfig(dataset=cfg.dataset, method=cfg.method,
+                                        augment=cfg.augment, aggregation=cfg.aggregation)))
+    return {k: v for k, v in to_dict(cfg).items()
+            if k not in NOT_RESULTS and k not in NAMED_APART and v != default[k]}
+
+
 def _equal_compute(cfg: RunConfig) -> RunConfig:
     """``cfg`` with the rounds that give its clients as many local steps as ``equal_compute``'s
     setup phases add (e.g. CSAC's acquisition), on top of its own rounds."""
@@ -282,6 +297,19 @@ class Plan:
     def rows(self) -> str:
         """The method(s) as table rows name them (:func:`row_label`)."""
         return ", ".join(dict.fromkeys(f.row for f in self.federations))
+
+    @property
+    def changed(self) -> str:
+        """The settings off the defaults: ``clients=12 dirichlet=0.5``."""
+        return setting_label(changed_settings(self.config))
+
+    @property
+    def name(self) -> str:
+        """The parent run's name: rows, dataset, settings off the defaults and the search,
+        ``fedprox [mu=0.1] digits-style clients=12 search lr (3 settings)``."""
+        keys = ", ".join([*self.search.grid, *(self.search.space if self.search.samples else [])])
+        searched = f"search {keys} ({len(self.settings)} settings)" if self.search else ""
+        return " ".join(p for p in (self.rows, self.config.dataset, self.changed, searched) if p)
 
 
 def plan_experiment(cfg: RunConfig, search: Search | None = None) -> Plan:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +26,11 @@ from raydg.config import NOT_RESULTS
 from raydg.errors import EmptyResult, RaydgError
 from raydg.results import (
     SELECTIONS,
+    UNIT_TAG,
     cell,
     first_seen,
+    in_percent,
+    is_accuracy,
     paired_difference,
     plot_curves,
     summary_rows,
@@ -51,12 +55,18 @@ class Run:
     seed: int
     mode: str  # the reported inference mode
     params: dict[str, str]
-    metrics: dict[str, float]
+    metrics: dict[str, float]  # accuracies in percent, whatever the run logged
     not_paper: str = ""  # options that are not the paper's (tag raydg.not_paper), k=v k=v
     setting: str = ""  # the searched setting that made the run (tag raydg.setting)
+    scale: float = 1.0  # what turns its logged accuracies into percent (100: fractions)
 
     def accuracy(self, selection: str) -> float:
-        return 100 * self.metrics.get(f"final/target_acc_{selection}/{self.mode}", np.nan)
+        return self.metrics.get(f"final/target_acc_{selection}/{self.mode}", np.nan)
+
+    def history(self, client: Any, metric: str) -> list[tuple[int, float]]:
+        """``metric``'s (round, value) as logged, accuracies in percent."""
+        scale = self.scale if is_accuracy(metric) else 1.0
+        return [(m.step, scale * m.value) for m in client.get_metric_history(self.run_id, metric)]
 
     def settings(self) -> tuple[tuple[str, str], ...]:
         """What a table holds fixed: every result-relevant param but the row's."""
@@ -106,18 +116,29 @@ def find_runs(client: Any, experiments: Sequence[str], dataset: str | None,
     out = []
     for r in matching(client, experiments, dataset, methods, filter_string):
         tags = r.data.tags
+        scale = 1.0 if tags.get(UNIT_TAG) == "percent" else 100.0  # older runs: fractions
         out.append(Run(r.info.run_id, r.info.status, tags["raydg.method"], tags["raydg.target"],
                        int(tags["raydg.seed"]), tags.get("raydg.mode", "global"),
-                       dict(r.data.params), dict(r.data.metrics),
-                       tags.get("raydg.not_paper", ""), tags.get("raydg.setting", "")))
+                       dict(r.data.params), in_percent(dict(r.data.metrics), scale),
+                       tags.get("raydg.not_paper", ""), tags.get("raydg.setting", ""), scale))
     return out
 
 
+def repeated(runs: list[Run]) -> list[Run]:
+    """The finished runs that a later one repeats (same settings, method, options, target and
+    seed: e.g. a grid's run and a sweep's): each counts once, its latest run."""
+    latest = {(r.settings(), r.method, r.options(), r.target, r.seed): r
+              for r in runs if r.status == "FINISHED"}  # oldest first: the last one stays
+    kept = {id(r) for r in latest.values()}
+    return [r for r in runs if r.status == "FINISHED" and id(r) not in kept]
+
+
 def tables(runs: list[Run], selection: str, order: Sequence[str] = ()) -> list[Table]:
-    """Finished runs grouped by settings; per table, the summary rows of each method (a
-    method's option values join its name where one table holds several). Targets are in
-    ``order`` (a paper's), then in the order first seen."""
-    done = [r for r in runs if r.status == "FINISHED"]
+    """Finished runs grouped by settings, a repeated run once (:func:`repeated`); per table,
+    the summary rows of each method (a method's option values join its name where one table
+    holds several). Targets are in ``order`` (a paper's), then in the order first seen."""
+    left = {id(r) for r in repeated(runs)}
+    done = [r for r in runs if r.status == "FINISHED" and id(r) not in left]
     out = []
     for key in first_seen([r.settings() for r in done]):
         mine = [r for r in done if r.settings() == key]
@@ -221,8 +242,8 @@ def round_means(client: Any, table: Table, metric: str) -> dict[str, dict[int, f
     runs (held-out domains x seeds)."""
     values: dict[str, dict[int, list[float]]] = {r["method"]: {} for r in table.rows}
     for r in table.runs:
-        for m in client.get_metric_history(r.run_id, metric):
-            values[row_name(r, table.runs)].setdefault(m.step, []).append(m.value)
+        for step, value in r.history(client, metric):
+            values[row_name(r, table.runs)].setdefault(step, []).append(value)
     return {name: {step: float(np.mean(v)) for step, v in sorted(steps.items())}
             for name, steps in values.items() if steps}
 
@@ -239,7 +260,8 @@ def round_blocks(client: Any, tabs: list[Table], metrics: Sequence[str]
                 continue
             found = True
             steps = sorted({s for row in means.values() for s in row})
-            blocks.append((f"{metric} per round, mean over held-out domains and seeds"
+            unit = " (%)" if is_accuracy(metric) else ""
+            blocks.append((f"{metric} per round{unit}, mean over held-out domains and seeds"
                            + setting_note(t, tabs), ["Method", *map(str, steps)],
                            [[name, *(f"{row[s]:.4g}" if s in row else "" for s in steps)]
                             for name, row in means.items()]))
@@ -329,8 +351,7 @@ def curve_points(client: Any, table: Table) -> list[dict[str, Any]]:
     """Per-round target and source-validation accuracy of every run of ``table``."""
     points = []
     for r in table.runs:
-        history = {key: {m.step: m.value for m in client.get_metric_history(r.run_id, key)}
-                   for key in ("target_acc", "val_acc")}
+        history = {key: dict(r.history(client, key)) for key in ("target_acc", "val_acc")}
         name = row_name(r, table.runs)
         points += [{"method": name, "target": r.target, "seed": r.seed, "round": step,
                     "target_acc": acc, "val_acc": history["val_acc"].get(step, np.nan)}
@@ -410,12 +431,30 @@ def report(client: Any, *, experiments: Sequence[str] = (), dataset: str | None 
     unfinished = ", ".join(f"{r.method} {r.target} seed={r.seed} ({r.status})"
                            for r in runs if r.status != "FINISHED")
     left_out = [f"Not in the tables (not finished): {unfinished}"] if unfinished else []
-    if plot is not None:  # one figure per table: FILE, FILE-2, ...
-        for i, t in enumerate(tabs):
-            plot_curves(curve_points(client, t),
-                        plot if i == 0 else plot.with_name(f"{plot.stem}-{i + 1}{plot.suffix}"))
+    twice = repeated(runs)
+    repeat = "1 run repeats" if len(twice) == 1 else f"{len(twice)} runs repeat"
+    left_out += [f"Counted once (the latest run of each): {repeat} another's method, "
+                 "settings, target and seed: " + ", ".join(
+                     f"{r.method} {r.target} seed={r.seed} ({r.run_id[:8]})" for r in twice)
+                 ] if twice else []
+    written = [] if plot is None else plot_tables(client, tabs, plot)
     text = render(tabs, fmt, selection, extras, paper, round_blocks(client, tabs, per_round))
     if fmt == "console":
-        return "\n\n".join([*apart, text, *left_out]), []
-    return text, apart + left_out
+        return "\n\n".join([*apart, text, *left_out]), written
+    return text, apart + left_out + written
+
+
+def plot_tables(client: Any, tabs: list[Table], plot: Path) -> list[str]:
+    """One figure per table: ``plot`` itself for one table, else ``plot`` named by each
+    table's settings (``curves-lr=0.5.png``); a line per figure written."""
+    lines = []
+    for i, t in enumerate(tabs):
+        note = setting_note(t, tabs)
+        name = re.sub(r"[^\w.=,+-]+", "_", note.strip(" []"))
+        path = plot if len(tabs) == 1 else plot.with_name(f"{plot.stem}-{name}{plot.suffix}")
+        datasets = ", ".join(first_seen([r.params.get("dataset", "") for r in t.runs]))
+        title = f"{datasets}: {', '.join(r['method'] for r in t.rows)}{note}"
+        plot_curves(curve_points(client, t), path, title)
+        lines.append(f"figure of table {i + 1}{note} written to {path}")
+    return lines
 

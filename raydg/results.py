@@ -7,6 +7,7 @@ This module reads and writes results only; it imports nothing of the engine (no 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +44,10 @@ class FederationResult:
     plots: dict[str, tuple[str, ...]] = field(default_factory=dict)  # table -> plot spec
     setting: dict[str, Any] = field(default_factory=dict)  # the searched keys' values
     final: dict[str, float] = field(default_factory=dict)  # the method's summary metrics
+    model: dict[str, Any] = field(default_factory=dict)  # rebuilds it: raydg.saved_model
 
     SUMMARY = ("method", "target", "seed", "selected_round", "selected", "last", "oracle",
-               "oracle_round", "plots", "setting", "final")
+               "oracle_round", "plots", "setting", "final", "model")
 
     @property
     def mode(self) -> str:
@@ -72,6 +74,7 @@ class FederationResult:
         """Read what :meth:`save` wrote."""
         summary = json.loads((path / "result.json").read_text())
         summary.setdefault("final", {})  # a result saved by an older raydg
+        summary.setdefault("model", {})
         summary["plots"] = {k: tuple(v) for k, v in summary["plots"].items()}
         selected = path / "selected_state.npz"
         tables = {p.stem: pq.read_table(p).to_pylist() for p in sorted(path.glob("*.parquet"))}
@@ -94,6 +97,24 @@ def load_state(path: Path) -> State:
     ``raydg.state.load``."""
     with np.load(path, allow_pickle=False) as npz:
         return {k: npz[k] for k in npz.files}
+
+
+# Accuracies: fractions inside a federation (its history, checkpoints, result.json), percent
+# wherever a user reads them (console, MLflow, tables and plots logged there, reports, the API).
+UNIT_TAG = "raydg.accuracy_unit"  # "percent" on runs logged so; runs without it hold fractions
+
+
+def is_accuracy(name: str) -> bool:
+    """Whether the metric ``name`` is an accuracy: a ``/`` part of it has the word ``acc``
+    (``val_acc``, ``final/target_acc_selected/global``, ``ga/local_acc``)."""
+    return any("acc" in part.split("_") for part in name.split("/"))
+
+
+def in_percent(values: dict[str, Any], scale: float = 100.0) -> dict[str, Any]:
+    """``values`` with each accuracy multiplied by ``scale`` (fractions to percent)."""
+    return {k: scale * v if is_accuracy(k) and isinstance(v, (int, float, np.number)) else v
+            for k, v in values.items()}
+
 
 SELECTIONS = {
     "selected": "selected round (training-domain validation)",
@@ -373,11 +394,12 @@ def holm(pvalues: Sequence[float]) -> list[float]:
     return out
 
 
-def plot_curves(points: Sequence[dict[str, Any]], path: Path) -> None:
-    """Accuracy per round, one panel per target, one colour per method: target accuracy
-    (solid) and mean source-validation accuracy (dashed), each the mean over seeds with a
-    band of one standard deviation. ``points``: dicts of method, target, seed, round,
-    target_acc and val_acc (fractions)."""
+def plot_curves(points: Sequence[dict[str, Any]], path: Path, title: str) -> None:
+    """Accuracy per round under ``title``, one panel per target (at most three to a row, one
+    y axis), one colour per method: target accuracy (solid) and mean source-validation
+    accuracy (dashed), each the mean over seeds with a band of one standard deviation; the
+    legend below the panels. ``points``: dicts of method, target, seed, round, target_acc
+    and val_acc (percent)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -385,29 +407,36 @@ def plot_curves(points: Sequence[dict[str, Any]], path: Path) -> None:
 
     targets = first_seen([p["target"] for p in points])
     methods = first_seen([p["method"] for p in points])
-    ncol = min(4, len(targets))
+    ncol = min(3, math.ceil(math.sqrt(len(targets))))  # near square: MLflow's preview
     nrow = -(-len(targets) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.4 * ncol, 2.8 * nrow), squeeze=False)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow + 1.4),
+                             squeeze=False, sharey=True)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, target in zip(axes.flat, targets, strict=False):
         for i, method in enumerate(methods):
             mine = [p for p in points if p["target"] == target and p["method"] == method]
             rounds = sorted({p["round"] for p in mine})
             for key, style in (("target_acc", "-"), ("val_acc", "--")):
-                per_round = [[100 * p[key] for p in mine if p["round"] == r] for r in rounds]
+                per_round = [[p[key] for p in mine if p["round"] == r] for r in rounds]
                 mean = np.array([np.mean(v) for v in per_round])
                 std = np.array([np.std(v) for v in per_round])
                 colour = colours[i % len(colours)]
                 ax.plot(rounds, mean, style, color=colour,
                         label=method if key == "target_acc" else None)
                 ax.fill_between(rounds, mean - std, mean + std, color=colour, alpha=0.15)
-        ax.set_title(str(target), fontsize=8)
+        ax.set_title(f"held out: {target}", fontsize=10)
         ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+    for ax in axes[:, 0]:
         ax.set_ylabel("accuracy (%)")
     for ax in axes.flat[len(targets):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=6, title="solid: target, dashed: source val",
-                        title_fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.suptitle(f"{title}\nsolid: held-out domain, dashed: source validation; mean ± std "
+                 "over seeds", fontsize=10)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(methods), 4), fontsize=9,
+               frameon=False)
+    legend_rows = -(-len(methods) // 4)
+    fig.tight_layout(rect=(0, 0.25 * legend_rows / (3.2 * nrow + 1.4) + 0.02, 1, 1))
+    fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -72,25 +72,28 @@ def federation(config: dict[str, Any], data: MultiDomainDataset,
 
     Continues from the trial's last checkpoint when Tune restarts it (a lost actor or node, a
     resumed experiment), its first report then carrying the rounds before (``history``: those
-    that MLflow missed are logged from it). Reports each round's metrics (``row``) with the
-    progress messages logged since the last report (``messages``); at the :class:`Cadence`'s
-    rounds the report carries a checkpoint (:mod:`raydg.checkpoint`). The last report has no
-    row: its checkpoint is the result, written by :meth:`FederationResult.save`. ``weights``
-    are the experiment's initial backbones (:func:`~raydg.pretrain.starting_weights`)."""
+    that MLflow missed are logged from it). Reports each progress message as it is logged
+    (``messages``: a phase's start, e.g. CSAC's acquisition, is said as it begins) and each
+    round's metrics (``row``); at the :class:`Cadence`'s rounds the report carries a
+    checkpoint (:mod:`raydg.checkpoint`). The last report has no row: its checkpoint is the
+    result, written by :meth:`FederationResult.save`. ``weights`` are the experiment's initial
+    backbones (:func:`~raydg.pretrain.starting_weights`)."""
     from raydg.simulation import Simulation
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # no line per checkpoint
     spec = config[FEDERATION]
     cfg = RunConfig(**spec["config"])
-    messages: list[str] = []
     missed: list[dict[str, float]] = []  # rounds sent with the next report
 
-    def report(row: dict[str, float] | None = None, **extra: Any) -> None:
-        sent, messages[:] = list(messages), []
-        payload = {"row": row, "messages": sent, "history": list(missed)}
+    def report(row: dict[str, float] | None = None, said: tuple[str, ...] = (),
+               **extra: Any) -> None:
+        payload = {"row": row, "messages": list(said), "history": list(missed)}
         missed.clear()
         payload.update(extra.pop("info", {}))
         tune.report({"raydg": payload}, **extra)
+
+    def log(message: str) -> None:
+        report(said=(message,))
 
     last = tune.get_checkpoint()
     if last is not None and _is_result(last):  # finished, then lost before Tune knew
@@ -98,8 +101,8 @@ def federation(config: dict[str, Any], data: MultiDomainDataset,
         return
     restore = _restored(last, spec)
     if restore is not None:
-        messages.append(f"continues from its checkpoint after round {restore['round']}")
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=messages.append,
+        log(f"continues from its checkpoint after round {restore['round']}")
+    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=log,
                      weights=weights.get(weights_key(cfg)), restore=restore,
                      label=spec.get("label"))  # absent in a trial of an older raydg
     missed.extend(sim.history)  # restored: its rounds, for those MLflow missed
@@ -209,25 +212,31 @@ def check_storage(storage: str) -> None:
 
 
 class Progress:
-    """Each finished round of a federation, with the experiment's time left: one line per round
-    (``lines``), a board of one updating line per running federation on a terminal
-    (``live``), or nothing (``none``: only messages marked important, e.g. warnings).
+    """Each finished round of a federation (training loss, source validation, held-out
+    accuracy, the round's seconds) and the experiment's status (federations done and running,
+    the time left for all of them): one line per round and a status line every
+    ``status_every`` rounds and as a federation ends (``lines``), a board of one updating line
+    per running federation under the status on a terminal (``live``), or nothing (``none``:
+    only messages marked important, e.g. warnings). A round's line fits 80 columns for the
+    embedded datasets' domain names.
 
-    The estimate is the work left over the federations running now: each running federation's
+    The time left is the work left over the federations running: each running federation's
     rounds left at the mean steady round time (rounds after the first), and each federation not
     started yet at the mean start-up (trial start to first round, actors and round 1 included)
-    plus its other rounds."""
+    plus its other rounds, shared by as many federations as have run at once so far."""
 
     def __init__(self, feds: list[Federation], out: Callable[[str], None],
-                 mode: str = "lines", done: dict[str, int] | None = None) -> None:
+                 mode: str = "lines", done: dict[str, int] | None = None,
+                 status_every: int = 10) -> None:
         self.rounds = {f.key: f.config.rounds for f in feds}
         self.done = {k: (done or {}).get(k, 0) for k in self.rounds}
         self.started: dict[str, float] = {}  # key -> when its trial started
         self.startup: list[float] = []
         self.steady: list[float] = []
-        self.out, self.mode = out, mode
+        self.out, self.mode, self.status_every = out, mode, status_every
         self.board: dict[str, str] = {}  # live: the line of each running federation
-        self.drawn = 0
+        self.status = ""  # live: the board's last line
+        self.drawn = self.reported = self.width = 0
 
     def say(self, text: str, important: bool = False) -> None:
         """A message (placement, restart, warning), above the live board."""
@@ -244,37 +253,50 @@ class Progress:
     def _draw(self) -> None:
         if self.mode == "live" and self.board:
             width = shutil.get_terminal_size().columns - 1
-            sys.stdout.write("".join(line[:width] + "\n" for line in self.board.values()))
+            lines = [*self.board.values(), self.status]
+            sys.stdout.write("".join(line[:width] + "\n" for line in lines))
             sys.stdout.flush()
-            self.drawn = len(self.board)
+            self.drawn = len(lines)
 
     def start(self, key: str) -> None:
         self.started.setdefault(key, time.perf_counter())
 
-    def __call__(self, fed: Federation, row: dict[str, float]) -> None:
-        key = fed.key
-        self.done[key] += 1
-        if self.done[key] == 1:
-            now = time.perf_counter()
-            self.startup.append(now - self.started.get(key, now))
-        else:
-            self.steady.append(row["round_seconds"])
-        steady = float(np.mean(self.steady or [row["round_seconds"]]))
+    def left(self, steady: float) -> float:
+        """Seconds until every federation is done (see the class)."""
         running = [k for k in self.started if self.done[k] < self.rounds[k]]
         pending = [k for k in self.rounds if k not in self.started]
         startup = float(np.mean(self.startup)) if self.startup else steady  # none yet: resumed
         work = sum((self.rounds[k] - self.done[k]) * steady for k in running) + sum(
             startup + (self.rounds[k] - 1) * steady for k in pending)
-        eta = work / max(1, len(running))
+        self.width = max(self.width, len(running))
+        return work / max(1, self.width)
+
+    def __call__(self, fed: Federation, row: dict[str, float]) -> None:
+        key = fed.key
+        self.done[key] += 1
+        self.reported += 1
+        if self.done[key] == 1:
+            now = time.perf_counter()
+            self.startup.append(now - self.started.get(key, now))
+        else:
+            self.steady.append(row["round_seconds"])
+        left = self.left(float(np.mean(self.steady or [row["round_seconds"]])))
+        finished = sum(self.done[k] >= r for k, r in self.rounds.items())
+        running = sum(k in self.started and self.done[k] < r for k, r in self.rounds.items())
+        self.status = (f"raydg: {finished} of {len(self.rounds)} federations done, {running} "
+                       f"running; about {int(left // 3600)}:{int(left % 3600 // 60):02d}:"
+                       f"{int(left % 60):02d} left in all")
         val = f"{100 * row['val_acc']:.1f}%" if "val_acc" in row else "-"  # not validated
         local = f" (local {100 * row['val_acc_local']:.1f}%)" if "val_acc_local" in row else ""
-        line = (f"[{fed.title()}] round {int(row['round'])}/{self.rounds[key]}  "
-                f"loss {row['train_loss']:.3f}  val {val}{local}  "
-                f"target {100 * row['target_acc']:.1f}%  {row['round_seconds']:.1f}s/round  "
-                f"left {int(eta // 3600)}:{int(eta % 3600 // 60):02d}:{int(eta % 60):02d}")
+        line = (f"[{fed.title()}] round {int(row['round'])}/{self.rounds[key]} "
+                f"loss {row['train_loss']:.3f} val {val}{local} "
+                f"target {100 * row['target_acc']:.1f}% {row['round_seconds']:.1f}s")
+        ended = self.done[key] >= self.rounds[key]
         if self.mode == "lines":
             self.out(line)
-        elif self.mode == "live" and self.done[key] < self.rounds[key]:
+            if ended or self.reported % self.status_every == 1 % self.status_every:
+                self.out(self.status)
+        elif self.mode == "live" and not ended:
             self._clear()
             self.board[key] = line
             self._draw()
@@ -527,7 +549,11 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
     trainable = tune.with_resources(tune.with_parameters(federation, data=data,
                                                          weights=weights), trial_resources)
     if resume:
-        collector.progress.say(f"raydg: resuming the experiment in {directory}")
+        left = [f.key for f in feds if not tracker.finished(f.key)]
+        collector.progress.say(
+            f"raydg: resuming the experiment in {directory}: {len(left)} of {len(feds)} "
+            "federations to finish" if left else f"raydg: nothing to resume in {directory}: "
+            f"every federation finished ({len(feds)} of {len(feds)}); their results")
         tuner = tune.Tuner.restore(directory, trainable, resume_unfinished=True,
                                    resume_errored=True)
     else:

@@ -37,6 +37,7 @@ from raydg.partition import make_clients
 from raydg.plan import init_weights, row_label
 from raydg.pretrain import initial_weights
 from raydg.results import FederationResult
+from raydg.saved_model import model_info
 
 CLIENT_ONLY = ("seconds", "local_val_acc", "steps")  # per-client metrics, not round means
 # a round's evaluation under way: target future, validation refs, validators, their weights
@@ -70,6 +71,8 @@ class Simulation:
         self.num_samples = {c.client_id: c.num_train for c in clients}
         self.domains = {c.client_id: c.domain for c in clients}
         self.spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
+        self.model_info = model_info(cfg, data.channels, data.classes, data.mean, data.std,
+                                     self.method.eval_modes[0])
         torch.manual_seed(seeding.derive_seed(seed, seeding.MODEL_INIT))
         if weights is None and init_weights(cfg) is not None:
             weights = initial_weights(cfg, data.channels, data.mean, data.std,
@@ -384,5 +387,5 @@ class Simulation:
             oracle_round={m.split("/", 1)[1]: int(max(history, key=lambda r, m=m: (
                 r[m], -r["round"]))["round"]) for m in modes},
             global_state=self.global_state, tables=tables,
-            plots=dict(self.method.plots), final=final,
+            plots=dict(self.method.plots), final=final, model=self.model_info,
         )

@@ -16,6 +16,7 @@ as a :class:`TrackingError` (every result is in the experiment's Tune storage as
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -31,8 +32,10 @@ import yaml
 from raydg.config import RunConfig, Search, setting_label, to_dict
 from raydg.errors import RaydgError, TrackingError
 from raydg.results import (
+    UNIT_TAG,
     FederationResult,
     duration,
+    in_percent,
     plot,
     plot_curves,
     steps_per_client,
@@ -40,6 +43,11 @@ from raydg.results import (
 )
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+# MLflow's run page draws a section per metric prefix (before the last '/'), sections in name
+# order before the unprefixed "Model metrics": the curves are logged a second time under a
+# prefix that sorts first, so that a child run's metrics tab opens on them
+CURVES = "Accuracy and loss"
+CURVE_METRICS = ("target_acc", "val_acc", "train_loss")
 MAX_PARAMS = 100  # per MLflow log_batch call
 SERVER_TIMEOUT = 5.0  # seconds for a tracking server to answer before the run starts
 # MLflow's own HTTP retries would wait minutes for a server that is gone
@@ -139,8 +147,9 @@ class Tracker:
     run still open); one child run per federation, tagged ``raydg.key``."""
 
     def __init__(self, cfg: RunConfig, label: str, search: Search | None = None,
-                 run_id: str | None = None) -> None:
-        """``label`` names the method(s) of the parent run."""
+                 run_id: str | None = None, name: str = "") -> None:
+        """``label`` names the method(s) of the parent run (tag ``raydg.method``), ``name`` the
+        run (default: label and dataset)."""
         from mlflow import MlflowClient
 
         logging.getLogger("mlflow").setLevel(logging.WARNING)
@@ -148,6 +157,7 @@ class Tracker:
         # its traceback
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
         self.cfg, self.search, self.label = cfg, search or Search(), label
+        self.name = name or f"{label} {cfg.dataset}"
         self.client = MlflowClient(tracking_uri(cfg))
         name = cfg.experiment or cfg.dataset
         found = self.client.get_experiment_by_name(name)
@@ -163,6 +173,7 @@ class Tracker:
         self.done: set[str] = set()  # children FINISHED
         self.restarts: dict[str, int] = {}
         self.steps: dict[str, int] = {}  # the last round logged, by key
+        self.scale = 100.0  # accuracies logged in percent (1: a resumed run of fractions)
         self.backlog: list[Callable[[], None]] = []  # calls that failed, to retry in order
         self.away = self.tried = self.reminded = 0.0  # when MLflow failed, was tried, said so
         self.ending, self.ended = threading.Lock(), False
@@ -172,7 +183,7 @@ class Tracker:
             self._resume()
             return self
         run = self.client.create_run(self.experiment_id, tags=self.tags(),
-                                     run_name=f"{self.label} {self.cfg.dataset}")
+                                     run_name=self.name)
         self.run_id = run.info.run_id
         params = flat_params(self.cfg)
         if self.search:
@@ -187,11 +198,13 @@ class Tracker:
         from mlflow.exceptions import MlflowException
 
         try:
-            self.client.get_run(self.run_id)
+            tags = self.client.get_run(self.run_id).data.tags
         except MlflowException:
             raise RaydgError(f"the MLflow store {self.client.tracking_uri} holds no run "
                              f"{self.run_id}, where this experiment logged: if the store has "
                              "moved, resume with --tracking-uri URI of where it is now") from None
+        if UNIT_TAG not in tags:
+            self.scale = 1.0  # logged by an older raydg in fractions: one unit per run
         self.client.update_run(self.run_id, status="RUNNING")
         for run in self.client.search_runs(
                 [self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}'",
@@ -227,7 +240,9 @@ class Tracker:
             self.ended = True
 
     def tags(self) -> dict[str, str]:
-        return {"raydg.method": self.label, "raydg.dataset": self.cfg.dataset, **VERSION}
+        unit = {UNIT_TAG: "percent"} if self.scale == 100 else {}
+        return {"raydg.method": self.label, "raydg.dataset": self.cfg.dataset, **unit,
+                **VERSION}
 
     def _call(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` after the kept calls. While MLflow is away, ``fn`` is kept in order with
@@ -325,8 +340,9 @@ class Tracker:
 
     def log_round(self, key: str, row: dict[str, float]) -> None:
         self.steps[key] = int(row["round"])
-        self._metrics(self._child(key), {k: v for k, v in row.items() if k != "round"},
-                      int(row["round"]))
+        values = in_percent({k: v for k, v in row.items() if k != "round"}, self.scale)
+        values.update({f"{CURVES}/{k}": values[k] for k in CURVE_METRICS if k in values})
+        self._metrics(self._child(key), values, int(row["round"]))
 
     def log_checkpoint(self, key: str, rnd: int, info: dict[str, float]) -> None:
         """The size of the checkpoint written after round ``rnd``."""
@@ -353,23 +369,26 @@ class Tracker:
             metrics[f"final/target_acc_last/{mode}"] = result.last[mode]
             metrics[f"final/target_acc_oracle/{mode}"] = result.oracle[mode]
         metrics.update({f"final/{k}": v for k, v in result.final.items()})
-        self._metrics(self._child(key), metrics)
+        self._metrics(self._child(key), in_percent(metrics, self.scale))
         self._call(lambda: self.client.set_tag(self.children[key], "raydg.mode", result.mode))
-        tables = {"history": result.history, **result.tables}
+        tables = {name: [in_percent(row, self.scale) for row in rows]
+                  for name, rows in {"history": result.history, **result.tables}.items()}
         self._call(lambda: self.log_tables(self.children[key], tables, plots=result.plots))
         models = {"final": result.global_state, "selected": result.selected_state}
-        self._call(lambda: self.log_models(self.children[key], models))
+        self._call(lambda: self.log_models(self.children[key], models, result.model))
         self.end_child(key, "FINISHED")
 
-    def log_models(self, run_id: str, models: dict[str, Any]) -> None:
-        """Model states as ``model/<name>.npz`` (read back with ``raydg.results.load_state``,
-        no pickle)."""
+    def log_models(self, run_id: str, models: dict[str, Any], info: dict[str, Any]) -> None:
+        """Model states as ``model/<name>.npz`` (no pickle) and what rebuilds the model,
+        ``model/model.json``: ``raydg.load_model(run_id)`` (:mod:`raydg.saved_model`)."""
         import numpy as np
 
         with tempfile.TemporaryDirectory() as tmp:
             for name, state in models.items():
                 if state is not None:
                     np.savez(Path(tmp) / f"{name}.npz", **state)
+            if info:
+                (Path(tmp) / "model.json").write_text(json.dumps(info, indent=1))
             self.client.log_artifacts(run_id, tmp, artifact_path="model")
 
     def end_child(self, key: str, status: str) -> None:
@@ -386,7 +405,7 @@ class Tracker:
         accuracy curves as ``curves.png``."""
         with tempfile.TemporaryDirectory() as tmp:
             if curves:
-                plot_curves(curves, Path(tmp) / "curves.png")
+                plot_curves(curves, Path(tmp) / "curves.png", self.name)
             for name, rows in tables.items():
                 if rows:
                     write_table(rows, Path(tmp) / name)

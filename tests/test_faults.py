@@ -320,6 +320,28 @@ def test_resuming_into_a_store_without_the_experiments_run_is_one_line(tmp_path,
                             "with --tracking-uri URI of where it is now")
 
 
+def test_resuming_a_finished_experiment_says_there_is_nothing_to_do(tmp_path, ray_session):
+    """Its results again (the same tables), after a line that says nothing was left to run."""
+    from click.testing import CliRunner
+
+    from raydg.cli import cli
+
+    args = ["--tracking-uri", f"sqlite:///{tmp_path}/done.db", "--storage", str(tmp_path)]
+    run = CliRunner().invoke(cli, ["run", "digits-style", "--target", "sketch", "--rounds", "1",
+                                   "--local-steps", "2", *args])
+    assert run.exit_code == 0, run.output
+    directory = re.search(r"trial files in (\S+)", run.output)[1]
+    again = CliRunner().invoke(cli, ["resume", directory, *args[:2]])
+    assert again.exit_code == 0, again.output
+    assert (f"raydg: nothing to resume in {directory}: every federation finished (1 of 1); "
+            "their results") in again.output
+
+    def tables(out: str) -> str:
+        return out[out.index("Accuracy (%)"):out.index("raydg: done")]
+
+    assert tables(again.output) == tables(run.output)
+
+
 @pytest.mark.parametrize("back", ["mid-run", "for-resume", "stopped-for-resume"])
 def test_a_store_moved_away_and_back_logs_every_round_once(ray_session, tmp_path, caplog, back):
     """The SQLite store moved away after round 2's report and back after round 4's, or only

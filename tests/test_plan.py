@@ -15,6 +15,7 @@ from raydg.config import (
     parse_sets,
     split_search,
 )
+from raydg.datasets import DATASETS
 from raydg.errors import RaydgError
 from raydg.methods.base import learning_rate
 from raydg.plan import plan_experiment, resolve
@@ -311,3 +312,17 @@ def test_warnings_name_what_makes_a_weak_or_slow_partition_workable():
     sampled = RunConfig(dataset="digits-style", target="sketch", clients=1500, client_size=10,
                         validate_clients="sampled")
     assert len(check_federations(plan_experiment(sampled), data)) == 1
+
+
+def test_an_experiment_is_named_by_what_differs_from_the_defaults():
+    """The parent run's name: rows, dataset, the settings off the dataset's defaults (a value
+    equal to the default is not named) and the search."""
+    assert plan_experiment(RunConfig(dataset="digits-style", method="fedprox",
+                                     lr=DATASETS.get("digits-style").defaults.lr)
+                           ).name == "fedprox digits-style"
+    grid = plan_experiment(RunConfig(dataset="digits-style", method="fedprox", clients=12,
+                                     dirichlet=0.5, options={"mu": 0.1}),
+                           Search(grid={"lr": [0.01, 0.1]}))
+    assert grid.changed == "clients=12 dirichlet=0.5"
+    assert grid.name == ("fedprox [mu=0.1] digits-style clients=12 dirichlet=0.5 "
+                         "search lr (2 settings)")

@@ -29,7 +29,7 @@ from raydg.cli import cli
 from raydg.config import RunConfig
 from raydg.errors import RaydgError
 from raydg.experiment import run_experiment
-from raydg.results import holm
+from raydg.results import UNIT_TAG, holm
 from tests.conftest import free_ports
 
 TARGETS = ("M0", "M45")
@@ -84,7 +84,7 @@ def _expected(uri: str, selection: str, lr: str) -> dict[str, dict[str, float]]:
         pick = {"selected": target[int(np.argmax(val))], "last": target[-1],
                 "oracle": max(target)}[selection]
         tags = run.data.tags
-        acc[tags["raydg.method"], tags["raydg.target"], int(tags["raydg.seed"])] = 100 * pick
+        acc[tags["raydg.method"], tags["raydg.target"], int(tags["raydg.seed"])] = pick
     out = {}
     for method in METHODS:
         row = {}
@@ -127,7 +127,7 @@ def test_runs_with_another_lr_are_a_table_of_their_own(store):
     other = next(r for r in rows if r["lr"] == "0.5")
     run = _children(store, "0.5")
     assert len(run) == 2 and other["seeds"] == "2" and other["M45"] == ""  # M0 only
-    mine = [100 * r.data.metrics["final/target_acc_selected/global"] for r in run]
+    mine = [r.data.metrics["final/target_acc_selected/global"] for r in run]
     assert float(other["M0"]) == pytest.approx(np.mean(mine), abs=1e-9)
     default = next(r for r in rows if (r["lr"], r["method"]) == ("0.05", "fedavg"))
     assert float(default["M0"]) == pytest.approx(
@@ -204,21 +204,34 @@ def test_markdown_and_latex_shapes(store):
         assert r"$\pm$" in body
 
 
-def test_plot_is_a_png_with_one_panel_per_target(store, tmp_path, monkeypatch):
+def test_plot_is_one_titled_figure_per_table_with_a_panel_per_target(store, tmp_path,
+                                                                     monkeypatch):
     figures = []
     save = matplotlib.figure.Figure.savefig
 
     def record(fig, *args, **kwargs):
-        figures.append([ax.get_title() for ax in fig.axes if ax.axison])
+        panels = [ax.get_title() for ax in fig.axes if ax.axison]
+        figures.append((fig.get_suptitle(), panels, len({ax.get_ylim() for ax in fig.axes})))
         return save(fig, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
     path = tmp_path / "curves.png"
     result = _invoke(store, "--filter", "params.lr = '0.05'", "--plot", str(path))
     assert result.exit_code == 0, result.output
-    with Image.open(path) as image:
-        assert image.format == "PNG" and image.size[0] > 2 * image.size[1]
-    assert figures == [list(TARGETS)]
+    with Image.open(path) as image:  # panels in rows of three: no strip MLflow cannot show
+        assert image.format == "PNG" and image.size[0] < 2 * image.size[1]
+    title, panels, y_axes = figures[0]
+    assert title.startswith("digits-rot: fedavg, fedbn\n") and y_axes == 1
+    assert panels == [f"held out: {t}" for t in TARGETS]
+    assert f"figure of table 1 written to {path}" in result.stderr
+    figures.clear()
+    result = _invoke(store, "--plot", str(path))  # two tables (lr): a figure each, named so
+    assert result.exit_code == 0, result.output
+    paths = [tmp_path / f"curves-lr={lr}.png" for lr in ("0.05", "0.5")]
+    assert all(p.exists() for p in paths) and [f[0].split("\n")[0] for f in figures] == [
+        "digits-rot: fedavg, fedbn [lr=0.05]", "digits-rot: fedavg [lr=0.5]"]
+    assert all(f"figure of table {i + 1} [lr={lr}] written to {p}" in result.stderr
+               for i, (lr, p) in enumerate(zip(("0.05", "0.5"), paths, strict=True)))
 
 
 def test_per_round_is_the_mean_of_the_runs_histories(store):
@@ -237,7 +250,7 @@ def test_per_round_is_the_mean_of_the_runs_histories(store):
             assert row[f"round {rnd}"] == pytest.approx(
                 np.mean([h[rnd - 1].value for h in per_run]), abs=1e-12)
     console = _invoke(store, "--filter", "params.lr = '0.05'", "--per-round", "val_acc").stdout
-    assert "val_acc per round, mean over held-out domains and seeds" in console
+    assert "val_acc per round (%), mean over held-out domains and seeds" in console
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -301,30 +314,23 @@ def test_the_mlflow_ui_shows_a_model_training_experiment_with_its_summary(store)
         server.wait(timeout=60)
 
 
-def test_logged_models_reload(store):
-    """The logged weights are the evaluated models: on the target domain they score the run's
-    logged last-round and selected-round accuracies."""
-    from raydg.client import Evaluator
+def test_logged_models_load_in_two_lines_and_score_the_logged_accuracies(store):
+    """``raydg.load_model`` rebuilds the evaluated models from what the run logged: on the
+    target domain they score the run's logged last-round and selected-round accuracies."""
+    import raydg
     from raydg.datasets import load_dataset
-    from raydg.methods import method_class
-    from raydg.models import ModelSpec
-    from raydg.plan import resolve
-    from raydg.results import load_state
 
     run = next(r for r in _children(store, "0.05") if r.data.tags["raydg.method"] == "fedavg")
-    local = Path(download_artifacts(run_id=run.info.run_id, artifact_path="model",
-                                    tracking_uri=store))
-    target = run.data.tags["raydg.target"]
-    cfg = resolve(RunConfig(dataset="digits-rot", method="fedavg", target=target))
-    data = load_dataset("digits-rot", None, cfg.image_size)
-    spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
-    test = data.domain(target)
-    evaluator = Evaluator(method_class("fedavg")(), cfg, spec, data.mean, data.std, test.x, test.y)
+    test = load_dataset("digits-rot", None, None).domain(run.data.tags["raydg.target"])
     metrics = run.data.metrics
-    for name, selection in (("final", "last"), ("selected", "selected")):
-        accuracy, _ = evaluator.evaluate(load_state(local / f"{name}.npz"))
-        assert accuracy["global"] == pytest.approx(
-            metrics[f"final/target_acc_{selection}/global"], abs=1e-12)
+    for which, selection in (("final", "last"), ("selected", "selected")):
+        model = raydg.load_model(run.info.run_id, tracking_uri=store, which=which)
+        accuracy = 100 * float(np.mean(model.predict(test.x) == test.y))
+        assert accuracy == pytest.approx(metrics[f"final/target_acc_{selection}/global"],
+                                         abs=1e-10)
+    assert model.classes == [str(c) for c in range(10)] and not model.module.training
+    with pytest.raises(RaydgError, match=r"has no logged model: .*\(a child run"):  # parent
+        raydg.load_model(run.data.tags["mlflow.parentRunId"], tracking_uri=store)
 
 
 def test_runs_of_an_older_raydg_that_lack_a_setting_are_a_table_of_their_own(tmp_path):
@@ -345,6 +351,56 @@ def test_runs_of_an_older_raydg_that_lack_a_setting_are_a_table_of_their_own(tmp
     rows = json.loads(result.stdout)
     assert sorted(r["client_size"] for r in rows) == ["(unset)", "None"]
     assert all(r["M0"] == pytest.approx(55.0) for r in rows)
+
+
+def test_accuracies_an_older_raydg_logged_as_fractions_are_reported_in_percent(tmp_path):
+    """Runs without the unit tag (raydg before accuracies were percent in MLflow) hold
+    fractions; beside runs tagged ``percent`` the report shows both in percent."""
+    uri = f"sqlite:///{tmp_path}/units.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("units")
+    for seed, (unit, scale) in enumerate(((None, 0.01), ("percent", 1.0))):
+        tags = {"raydg.target": "M0", "raydg.method": "fedavg", "raydg.seed": str(seed),
+                "raydg.dataset": "digits-rot", **({UNIT_TAG: unit} if unit else {})}
+        run_id = client.create_run(exp, tags=tags).info.run_id
+        client.log_param(run_id, "dataset", "digits-rot")
+        for step, acc in ((1, 40.0), (2, 60.0)):
+            client.log_metric(run_id, "target_acc", scale * acc, step=step)
+            client.log_metric(run_id, "round_seconds", 0.5, step=step)
+        client.log_metric(run_id, "final/target_acc_selected/global", scale * 60.0)
+        client.set_terminated(run_id)
+    result = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--format", "json",
+                                      "--per-round", "target_acc", "--per-round",
+                                      "round_seconds"])
+    assert result.exit_code == 0, result.output
+    table, *rounds = json.loads(result.stdout)
+    assert table["M0"] == pytest.approx(60.0) and table["M0_std"] == pytest.approx(0.0)
+    assert [(r["metric"], r["round 1"], r["round 2"]) for r in rounds] == [
+        ("target_acc", pytest.approx(40.0), pytest.approx(60.0)),
+        ("round_seconds", pytest.approx(0.5), pytest.approx(0.5))]  # not an accuracy
+
+
+def test_a_run_repeated_by_a_later_one_counts_once_and_is_named(tmp_path):
+    """Seed 0 run twice with the same settings (say, by a grid and by a sweep): the table
+    counts it once, with its latest run's accuracy, and says which run it left out."""
+    uri = f"sqlite:///{tmp_path}/twice.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("twice")
+    ids = []
+    for seed, acc in ((0, 50.0), (1, 70.0), (0, 60.0)):
+        tags = {"raydg.target": "M0", "raydg.method": "fedavg", "raydg.seed": str(seed),
+                "raydg.dataset": "digits-rot", UNIT_TAG: "percent"}
+        ids.append(client.create_run(exp, tags=tags).info.run_id)
+        client.log_param(ids[-1], "dataset", "digits-rot")
+        client.log_metric(ids[-1], "final/target_acc_selected/global", acc)
+        client.set_terminated(ids[-1])
+    result = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    assert row["seeds"] == 2 and row["M0"] == pytest.approx(65.0)  # (60 + 70) / 2
+    assert row["M0_std"] == pytest.approx(np.std([60.0, 70.0], ddof=1))
+    assert ("Counted once (the latest run of each): 1 run repeats another's method, settings, "
+            f"target and seed: fedavg M0 seed=0 ({ids[0][:8]})") in result.stderr
 
 
 def test_rows_name_the_options_that_are_not_the_papers(tmp_path, ray_session):

@@ -174,15 +174,19 @@ def test_progress_estimates_the_work_left_over_the_running_federations(monkeypat
     monkeypatch.setattr(runner.time, "perf_counter", lambda: next(clock))
     plan = plan_experiment(RunConfig(dataset="digits-style", rounds=4, seeds=[0]))
     lines: list[str] = []
-    progress = runner.Progress(plan.federations, lines.append)  # 4 federations x 4 rounds
+    progress = runner.Progress(plan.federations, lines.append, status_every=2)  # 4 feds x 4
     a, b = plan.federations[:2]
     progress.start(a.key)
     progress.start(b.key)
     row = {"round": 1, "train_loss": 1.0, "val_acc": 0.5, "target_acc": 0.25}
     progress(a, {**row, "round_seconds": 3.0})  # start-up 12 s; no steady round yet: 3 s
-    assert lines[-1].endswith("left 0:00:31")  # (3 x 3 + 4 x 3 + 2 x (12 + 3 x 3)) / 2 = 31.5
-    progress(b, {**row, "round_seconds": 2.0})  # start-up 13 s
+    assert lines[-2] == f"[{a.title()}] round 1/4 loss 1.000 val 50.0% target 25.0% 3.0s"
+    # (3 x 3 + 4 x 3 + 2 x (12 + 3 x 3)) / 2 = 31.5
+    assert lines[-1] == "raydg: 0 of 4 federations done, 2 running; about 0:00:31 left in all"
+    progress(b, {**row, "round_seconds": 2.0})  # start-up 13 s; the status every 2nd round
+    assert lines[-1].startswith(f"[{b.title()}] round 1/4")
     progress(b, {**row, "round": 2, "round_seconds": 1.0})  # b's round 2: steady 1 s
     # left: a 3 rounds, b 2 rounds at 1 s; 2 federations pending at start-up 12.5 s + 3 rounds
-    assert lines[-1].endswith("left 0:00:18")  # (3 + 2 + 2 x (12.5 + 3)) / 2 running = 18 s
-    assert lines[-1].startswith(f"[{b.title()}] round 2/4")
+    assert lines[-1].endswith("about 0:00:18 left in all")  # (3 + 2 + 2 x (12.5 + 3)) / 2
+    assert lines[-2].startswith(f"[{b.title()}] round 2/4")
+    assert all(len(line) <= 80 for line in lines)

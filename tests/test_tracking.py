@@ -57,7 +57,8 @@ def test_calls_that_fail_are_kept_in_order_and_retried(tmp_path, monkeypatch, ca
         assert not tracker.backlog
     history = MlflowClient(tracker.client.tracking_uri).get_metric_history(
         tracker.children["sketch-s0"], "val_acc")
-    assert [(m.step, m.value) for m in history] == [(r, r / 10) for r in (1, 2, 3, 4)]
+    assert [(m.step, m.value) for m in history] == [  # logged in percent
+        (r, pytest.approx(10.0 * r)) for r in (1, 2, 3, 4)]
     uri = tracker.client.tracking_uri
     assert _said(caplog) == [  # one line when it went away, one when it came back
         f"raydg: warning: MLflow at {uri} failed (ConnectionError: tracking server gone); what "
@@ -108,3 +109,23 @@ def test_concurrent_first_runs_create_one_store(tmp_path):
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], errors
     assert MlflowClient(uri).search_experiments()  # the store works afterwards
+
+
+def test_a_run_resumed_from_an_older_raydg_keeps_its_unit(tmp_path):
+    """A new run logs accuracies in percent and is tagged so; resuming a run an older raydg
+    logged in fractions (no tag) goes on in fractions: one unit per run."""
+    with _tracker(tmp_path) as new:
+        new.start_child("sketch-s0", new.cfg, {}, "fedavg")
+        new.log_round("sketch-s0", {"round": 1, "val_acc": 0.5, "train_loss": 2.0})
+    client = MlflowClient(new.client.tracking_uri)
+    child = client.get_run(new.children["sketch-s0"])
+    assert child.data.tags[tracking.UNIT_TAG] == "percent"
+    assert child.data.metrics == {"val_acc": 50.0, "train_loss": 2.0,
+                                  f"{tracking.CURVES}/val_acc": 50.0,
+                                  f"{tracking.CURVES}/train_loss": 2.0}
+    client.delete_tag(new.run_id, tracking.UNIT_TAG)  # as an older raydg left it
+    with Tracker(new.cfg, "fedavg", run_id=new.run_id) as old:
+        old.start_child("sketch-s1", old.cfg, {}, "fedavg")
+        old.log_round("sketch-s1", {"round": 1, "val_acc": 0.5})
+    child = client.get_run(old.children["sketch-s1"])
+    assert tracking.UNIT_TAG not in child.data.tags and child.data.metrics["val_acc"] == 0.5
