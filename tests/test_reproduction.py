@@ -61,8 +61,8 @@ def test_verdicts_wait_for_the_full_design_then_apply_both_tolerances():
 def _run(status="FINISHED", **params):
     base = {"dataset": "rotmnist", "rounds": "40", "model": "mnist-cnn", "options.mu": "0.1"}
     return Run("r1", status, "fedavg", "M0", 0, "global", {**base, **params},
-               {"final/target_acc_oracle/global": 0.9, "final/target_acc_selected/global": 0.8,
-                "final/target_acc_last/global": 0.85, "selected_round": 7,
+               {"final/target_acc_oracle/global": 90.0, "final/target_acc_selected/global": 80.0,
+                "final/target_acc_last/global": 85.0, "selected_round": 7,  # percent, as read
                 "steps_per_client": 2800})
 
 
