@@ -10,6 +10,7 @@ bad input is refused before Ray starts.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -298,7 +299,7 @@ class Plan:
         """The method(s) as table rows name them (:func:`row_label`)."""
         return ", ".join(dict.fromkeys(f.row for f in self.federations))
 
-    @property
+    @functools.cached_property
     def changed(self) -> str:
         """The settings off the defaults: ``clients=12 dirichlet=0.5``."""
         return setting_label(changed_settings(self.config))

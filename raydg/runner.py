@@ -261,9 +261,12 @@ class Progress:
     def start(self, key: str) -> None:
         self.started.setdefault(key, time.perf_counter())
 
+    def running(self) -> list[str]:
+        return [k for k in self.started if self.done[k] < self.rounds[k]]
+
     def left(self, steady: float) -> float:
         """Seconds until every federation is done (see the class)."""
-        running = [k for k in self.started if self.done[k] < self.rounds[k]]
+        running = self.running()
         pending = [k for k in self.rounds if k not in self.started]
         startup = float(np.mean(self.startup)) if self.startup else steady  # none yet: resumed
         work = sum((self.rounds[k] - self.done[k]) * steady for k in running) + sum(
@@ -282,10 +285,9 @@ class Progress:
             self.steady.append(row["round_seconds"])
         left = self.left(float(np.mean(self.steady or [row["round_seconds"]])))
         finished = sum(self.done[k] >= r for k, r in self.rounds.items())
-        running = sum(k in self.started and self.done[k] < r for k, r in self.rounds.items())
-        self.status = (f"raydg: {finished} of {len(self.rounds)} federations done, {running} "
-                       f"running; about {int(left // 3600)}:{int(left % 3600 // 60):02d}:"
-                       f"{int(left % 60):02d} left in all")
+        self.status = (f"raydg: {finished} of {len(self.rounds)} federations done, "
+                       f"{len(self.running())} running; about {int(left // 3600)}:"
+                       f"{int(left % 3600 // 60):02d}:{int(left % 60):02d} left in all")
         val = f"{100 * row['val_acc']:.1f}%" if "val_acc" in row else "-"  # not validated
         local = f" (local {100 * row['val_acc_local']:.1f}%)" if "val_acc_local" in row else ""
         line = (f"[{fed.title()}] round {int(row['round'])}/{self.rounds[key]} "
