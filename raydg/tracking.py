@@ -162,8 +162,9 @@ class Tracker:
         name = cfg.experiment or cfg.dataset
         found = self.client.get_experiment_by_name(name)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(name)
-        # MLflow 3's UI opens a model-training experiment on its runs, not its GenAI overview;
-        # the note is the experiment's description in the UI
+        # the kind MLflow records for a model-training experiment (its UI's view comes from the
+        # link's workflowType, experiment.ui_link, not from this tag); the note is the
+        # experiment's description in the UI
         for tag, value in (("mlflow.experimentKind", "custom_model_development"),
                            ("mlflow.note.content", EXPERIMENT_NOTE)):
             self.client.set_experiment_tag(self.experiment_id, tag, value)
