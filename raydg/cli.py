@@ -39,11 +39,12 @@ class Cli(click.Group):
             click.echo(f"raydg: {err}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt as err:
-            from raydg.signals import TERMINATED
+            from raydg.signals import TERMINATED, stop_recorded
 
+            recorded = stop_recorded()  # the hint is printed already
             click.echo(f"raydg: interrupted{f' ({err})' if str(err) else ''}", err=True)
             directory = getattr(err, "experiment_dir", None)
-            if directory:
+            if directory and not recorded:
                 click.echo(f"raydg: continue with: raydg resume {directory}", err=True)
             ctx.exit(143 if TERMINATED.is_set() else 130)
 
@@ -535,6 +536,21 @@ def list_cmd(what: str, plugins: tuple[str, ...]) -> None:
 EXPERIMENTS = ("run", "sweep", "resume", "doctor")  # the commands that start Ray
 
 
+def _record_stop(running: dict[str, str]) -> None:
+    """Record the stop of an experiment whose process ended on SIGTERM before it could (Ray's
+    driver ended it): ``running`` is what it told :func:`raydg.signals.detached`'s parent.
+    Imports no more than MLflow: a scheduler's SIGKILL comes a few seconds after SIGTERM."""
+    from raydg.signals import say_stopped
+    from raydg.tracking import end_stopped
+
+    try:
+        end_stopped(running["tracking_uri"], running["run_id"])
+    except Exception as err:  # said, not swallowed: the runs stay as the store has them
+        click.echo(f"raydg: error: the runs of MLflow run {running['run_id']} could not be "
+                   f"marked KILLED: {type(err).__name__}: {err}", err=True)
+    say_stopped(running["experiment_dir"])
+
+
 def main() -> None:
     """The ``raydg`` command; one that runs an experiment does so in a session of its own
     (:func:`raydg.signals.detached`), so that a signal to the caller's process group reaches
@@ -542,5 +558,5 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in EXPERIMENTS:
         from raydg.signals import detached
 
-        detached(lambda: cli(prog_name="raydg"))
+        detached(lambda: cli(prog_name="raydg"), _record_stop)
     cli(prog_name="raydg")

@@ -8,7 +8,6 @@ import dataclasses
 import os
 import re
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +43,7 @@ from raydg.runner import (
     verify_checkpoints,
     write_manifest,
 )
-from raydg.signals import STOP_SECONDS, stop_on_sigterm
+from raydg.signals import say_stopped, stop_on_sigterm, tell_parent
 from raydg.tracking import Tracker, check_store, tracking_uri
 
 CONNECT_TIMEOUT = 5.0  # seconds to reach a named Ray cluster before giving up
@@ -106,9 +105,9 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None
     """Use the running Ray session, join ``cfg.address`` (or ``RAY_ADDRESS``; ``auto``: the
     cluster that ``ray start`` started last on this machine), or start a local Ray (and finally
     stop what was started or joined). Yields whether no cluster was named, i.e. whether the Ray
-    in use is this machine's own, and the list of what records a stop that SIGTERM began but
-    Ray could not end in time (:func:`raydg.signals.stop_on_sigterm`). The ``shipped``
-    plugins go to every worker; those from files need a Ray that raydg starts or joins."""
+    in use is this machine's own, and the list of what records a stop the moment SIGTERM
+    arrives (:func:`raydg.signals.stop_on_sigterm`). The ``shipped`` plugins go to every
+    worker; those from files need a Ray that raydg starts or joins."""
     address = cluster_address(cfg)
     if address and address != "auto":
         check_reachable(address)
@@ -129,8 +128,8 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None
     if address is None:
         reaper.watch()  # this machine's Ray ends with raydg, however raydg ends
     try:
-        with stop_on_sigterm() as on_timeout:
-            yield address is None, on_timeout
+        with stop_on_sigterm() as on_stop:
+            yield address is None, on_stop
     finally:
         ray.shutdown()
 
@@ -138,8 +137,8 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None
 @contextlib.contextmanager
 def session(cfg: RunConfig, plan: Plan, run_id: str | None
             ) -> Iterator[tuple[bool, Tracker, list[Callable[[], None]]]]:
-    """Ray (:func:`ray_session`) and the experiment's MLflow parent run, which a SIGTERM that
-    Ray cannot end in time leaves ``KILLED``. A tracking server that does not answer is refused
+    """Ray (:func:`ray_session`) and the experiment's MLflow parent run, which a SIGTERM
+    ends ``KILLED`` as it arrives. A tracking server that does not answer is refused
     before Ray starts; a new SQLite store's schema, which takes seconds to create, is made
     while Ray starts."""
     sqlite = cfg.tracking_uri.startswith("sqlite:///")
@@ -147,12 +146,12 @@ def session(cfg: RunConfig, plan: Plan, run_id: str | None
         check_store(cfg.tracking_uri)
     with ThreadPoolExecutor(1) as pool:
         store = pool.submit(check_store, cfg.tracking_uri) if sqlite else None
-        with ray_session(cfg, plan.plugins) as (local, on_timeout):
+        with ray_session(cfg, plan.plugins) as (local, on_stop):
             if store is not None:
                 store.result()
             with Tracker(cfg, plan.label, plan.search, run_id, plan.name) as tracker:
-                on_timeout.append(lambda: tracker.end("KILLED"))
-                yield local, tracker, on_timeout
+                on_stop.append(lambda: tracker.end("KILLED"))
+                yield local, tracker, on_stop
 
 
 def _final_metrics(plan: Plan, summary: list[dict[str, Any]],
@@ -231,11 +230,11 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     run_id = manifest["run_id"] if manifest else None
     address = cluster_address(base)
     say(f"raydg: {'joining the Ray cluster at ' + address if address else 'starting Ray'}")
-    with session(base, plan, run_id) as (local, tracker, on_timeout):
+    with session(base, plan, run_id) as (local, tracker, on_stop):
         directory = resume or experiment_dir(plan, tracker.run_id)
-        on_timeout.append(lambda: print(
-            f"raydg: interrupted (SIGTERM; Ray did not stop within {STOP_SECONDS:g} s)\n"
-            f"raydg: continue with: raydg resume {directory}", file=sys.stderr))
+        on_stop.append(lambda: say_stopped(directory))
+        tell_parent("running", {"tracking_uri": base.tracking_uri, "run_id": tracker.run_id,
+                                "experiment_dir": directory})
         if manifest is None:
             write_manifest(directory, {"run_id": tracker.run_id, "config": to_dict(cfg),
                                        "search": dataclasses.asdict(plan.search)})

@@ -10,17 +10,23 @@ Two things stand in the way of that when a signal is not sent to raydg alone:
   group: Ray's GCS and raylet would end the moment raydg begins to stop. :func:`detached` runs
   an experiment command in a session of its own, under a parent that stays in the caller's group
   and only passes signals on.
-* A scheduler that signals every process of a job (a cgroup) ends Ray anyway. Then Tune's stop
-  can wait a minute for a GCS that is gone; :func:`stop_on_sigterm` gives it ``STOP_SECONDS``
-  (the ``RAYDG_STOP_SECONDS`` environment variable, default 8, within the 10 s that most
-  schedulers give before SIGKILL), then records the stop itself and exits 143. Checkpoints are
-  on disk whenever a round ends; ``raydg resume`` continues from the last one Tune recorded.
+* A scheduler that signals every process of a job (a cgroup) ends Ray anyway, and Ray's
+  driver may then end raydg before its Python code runs again (the store's connection
+  broken: exit code 1, no handler run). :func:`stop_on_sigterm` records the stop (the runs
+  ``KILLED``, the resume hint) the moment SIGTERM's handler runs, before it asks Tune to stop,
+  and exits 143 if Tune has not stopped ``STOP_SECONDS`` later (the ``RAYDG_STOP_SECONDS``
+  environment variable, default 8, within the 10 s that most schedulers give before SIGKILL);
+  and the parent of :func:`detached`, which outlives it, records the stop when the child could
+  not (the child tells it, :func:`tell_parent`, what it runs and when it has recorded), and
+  exits 143. Checkpoints are on disk whenever a round ends; ``raydg resume`` continues from the
+  last one Tune recorded.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import sys
@@ -29,35 +35,79 @@ from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 TERMINATED = threading.Event()  # the experiment was stopped by SIGTERM
+_RECORDING: list[threading.Thread] = []  # what records that stop
+_TO_PARENT: list[int] = []  # in the child of detached(): the pipe to its parent
 STOP_SECONDS = float(os.environ.get("RAYDG_STOP_SECONDS", "8"))
 PASSED_ON = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM,
              signal.SIGHUP: signal.SIGTERM}  # a closed terminal stops the run cleanly
 _PR_SET_PDEATHSIG = 1
 
 
-def detached(command: Callable[[], None]) -> NoReturn:
+def detached(command: Callable[[], None],
+             record_stop: Callable[[dict[str, str]], None] | None = None) -> NoReturn:
     """Run ``command`` in a child process in a new session and exit as it does (128 + N if a
     signal N ended it). This process passes SIGINT and SIGTERM (SIGHUP as SIGTERM) on to the
-    child; if this process is killed, the child receives SIGTERM. Linux only (elsewhere
-    ``command`` runs here)."""
+    child; if this process is killed, the child receives SIGTERM. A child that does not succeed
+    after a SIGTERM was passed on exits 143, however it ended; if it had told this process that
+    it runs an experiment (:func:`tell_parent`) but not that it recorded the stop,
+    ``record_stop`` is called with what it told. Linux only (elsewhere ``command`` runs
+    here)."""
     if not sys.platform.startswith("linux"):
         command()
         sys.exit(0)
     parent = os.getpid()
+    reader, writer = os.pipe()
     child = os.fork()  # before torch or Ray are imported: one thread, nothing to corrupt
     if child == 0:
+        os.close(reader)
+        _TO_PARENT.append(writer)
         os.setsid()
         _terminate_when_gone(parent)
         command()
         sys.exit(0)
-    for sig, sent in PASSED_ON.items():
-        signal.signal(sig, lambda _signum, _frame, sent=sent: _send(child, sent))
+    os.close(writer)
+    sent: set[int] = set()
+    for sig, passed in PASSED_ON.items():
+        signal.signal(sig, lambda _signum, _frame, passed=passed: _send(child, passed, sent))
     _, status = os.waitpid(child, 0)  # resumed after each handler (PEP 475)
     code = os.waitstatus_to_exitcode(status)
-    sys.exit(code if code >= 0 else 128 - code)
+    code = code if code >= 0 else 128 - code
+    if code != 0 and signal.SIGTERM in sent:
+        told = _told(reader)
+        if record_stop is not None and "running" in told and "recorded" not in told:
+            record_stop(told["running"])
+        code = 143
+    sys.exit(code)
 
 
-def _send(pid: int, sig: int) -> None:
+def tell_parent(key: str, value: dict[str, str] | None = None) -> None:
+    """Tell the parent of :func:`detached` ``key`` (``running``: what records a stop of the
+    experiment; ``recorded``: it is recorded); nothing without such a parent."""
+    for fd in _TO_PARENT:
+        os.write(fd, (json.dumps({key: value or {}}) + "\n").encode())
+
+
+def say_stopped(directory: str) -> None:
+    """The lines that end an experiment stopped by SIGTERM."""
+    print(f"raydg: stopped (SIGTERM); the runs are marked KILLED\n"
+          f"raydg: continue with: raydg resume {directory}", file=sys.stderr, flush=True)
+
+
+def _told(reader: int) -> dict[str, dict[str, str]]:
+    """What the child told, read without waiting (a process it started may hold the pipe)."""
+    os.set_blocking(reader, False)
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(reader, 65536):
+            data += chunk
+    told: dict[str, dict[str, str]] = {}
+    for line in data.decode().splitlines():
+        told.update(json.loads(line))
+    return told
+
+
+def _send(pid: int, sig: int, sent: set[int]) -> None:
+    sent.add(sig)
     with contextlib.suppress(ProcessLookupError):  # it has just ended: waitpid returns
         os.kill(pid, sig)
 
@@ -75,25 +125,32 @@ def _terminate_when_gone(parent: int) -> None:
 def stop_on_sigterm() -> Iterator[list[Callable[[], None]]]:
     """SIGTERM stops the experiment as Ctrl-C does (Tune's SIGINT handler) instead of Ray's
     native abort, and sets ``TERMINATED``; a SIGTERM after the first changes nothing. Yields
-    a list for what records the stop if Tune's stop has not ended after ``STOP_SECONDS``:
-    those run in order, then the process exits 143. Installed after ``ray.init``, which sets
-    its own handler; main thread only."""
-    on_timeout: list[Callable[[], None]] = []
+    a list for what records the stop: those run in order, in a thread of their own, as soon as
+    the handler runs; if Tune's stop has not ended ``STOP_SECONDS`` later, the process exits
+    143.
+    Installed after ``ray.init``, which sets its own handler; main thread only."""
+    on_stop: list[Callable[[], None]] = []
     if threading.current_thread() is not threading.main_thread():
-        yield on_timeout
+        yield on_stop
         return
 
-    def give_up() -> None:
-        for record in on_timeout:
-            record()
+    def record() -> None:
+        for step in on_stop:
+            step()
         sys.stdout.flush()
         sys.stderr.flush()
+        tell_parent("recorded")
+
+    def give_up() -> None:
+        stop_recorded()
         os._exit(143)
 
     def stop(_signum: int, _frame: object) -> None:
         if TERMINATED.is_set():  # asked again (passed on, or the parent's end): stopping
             return
         TERMINATED.set()
+        _RECORDING.append(threading.Thread(target=record, daemon=True))
+        _RECORDING[-1].start()
         timer = threading.Timer(STOP_SECONDS, give_up)
         timer.daemon = True  # a stop that ends in time exits at once
         timer.start()
@@ -101,6 +158,14 @@ def stop_on_sigterm() -> Iterator[list[Callable[[], None]]]:
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        yield on_timeout
+        yield on_stop
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def stop_recorded() -> bool:
+    """Whether a SIGTERM's stop was recorded (:func:`stop_on_sigterm`), once its records have
+    run (waiting at most ``STOP_SECONDS`` for them)."""
+    for thread in _RECORDING:
+        thread.join(STOP_SECONDS)
+    return bool(_RECORDING)

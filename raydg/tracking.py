@@ -141,6 +141,29 @@ the training-domain-validated round, makes a useful column), a child run per fed
 under `model/`. Paper tables over many runs: `raydg report`."""
 
 
+def _quiet_mlflow() -> None:
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # a failed query is raised to raydg, which says so in one line: not logged again with its
+    # traceback
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+
+
+def end_stopped(uri: str, run_id: str) -> None:
+    """End the parent run ``run_id`` ``KILLED``, with its child runs still running: the stop of
+    an experiment whose process ended before it could say so (:mod:`raydg.signals`)."""
+    from mlflow import MlflowClient
+
+    _quiet_mlflow()
+    client = MlflowClient(uri)
+    parent = client.get_run(run_id)
+    for run in client.search_runs([parent.info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{run_id}'", max_results=10000):
+        if run.info.status == "RUNNING":
+            client.set_terminated(run.info.run_id, "KILLED")
+    if parent.info.status == "RUNNING":
+        client.set_terminated(run_id, "KILLED")
+
+
 class Tracker:
     """Opens the parent run on entry (or, resuming, takes up ``run_id`` and its children again)
     and ends it on exit (``FINISHED``, ``FAILED``, or ``KILLED`` after Ctrl-C, with any child
@@ -152,10 +175,7 @@ class Tracker:
         run (default: label and dataset)."""
         from mlflow import MlflowClient
 
-        logging.getLogger("mlflow").setLevel(logging.WARNING)
-        # a failed query is raised to raydg, which says so in one line: not logged again with
-        # its traceback
-        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+        _quiet_mlflow()
         self.cfg, self.search, self.label = cfg, search or Search(), label
         self.name = name or f"{label} {cfg.dataset}"
         self.client = MlflowClient(tracking_uri(cfg))
@@ -229,10 +249,11 @@ class Tracker:
 
     def end(self, status: str) -> None:
         """End the parent run with ``status``, and any child run still open ``KILLED`` (when
-        the parent is) or ``FAILED``; once, from whichever thread comes first (a stop that
-        times out ends the runs from a timer thread, :mod:`raydg.signals`)."""
+        the parent is) or ``FAILED``; once, from whichever thread comes first (SIGTERM ends
+        the runs from a thread of its own, :mod:`raydg.signals`), but for ``FINISHED``: an
+        experiment whose last federations finished while it stopped has finished."""
         with self.ending:
-            if self.ended:
+            if self.ended and status != "FINISHED":
                 return
             for key in sorted(self.open):
                 self.end_child(key, "KILLED" if status == "KILLED" else "FAILED")
