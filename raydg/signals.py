@@ -57,8 +57,10 @@ def detached(command: Callable[[], None],
         sys.exit(0)
     parent = os.getpid()
     reader, writer = os.pipe()
+    signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)  # held until they are passed on
     child = os.fork()  # before torch or Ray are imported: one thread, nothing to corrupt
     if child == 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
         os.close(reader)
         _TO_PARENT.append(writer)
         os.setsid()
@@ -69,6 +71,7 @@ def detached(command: Callable[[], None],
     sent: set[int] = set()
     for sig, passed in PASSED_ON.items():
         signal.signal(sig, lambda _signum, _frame, passed=passed: _send(child, passed, sent))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
     _, status = os.waitpid(child, 0)  # resumed after each handler (PEP 475)
     code = os.waitstatus_to_exitcode(status)
     code = code if code >= 0 else 128 - code
@@ -127,8 +130,7 @@ def stop_on_sigterm() -> Iterator[list[Callable[[], None]]]:
     native abort, and sets ``TERMINATED``; a SIGTERM after the first changes nothing. Yields
     a list for what records the stop: those run in order, in a thread of their own, as soon as
     the handler runs; if Tune's stop has not ended ``STOP_SECONDS`` later, the process exits
-    143.
-    Installed after ``ray.init``, which sets its own handler; main thread only."""
+    143. Installed after ``ray.init``, which sets its own handler; main thread only."""
     on_stop: list[Callable[[], None]] = []
     if threading.current_thread() is not threading.main_thread():
         yield on_stop
