@@ -85,9 +85,11 @@ def detached(command: Callable[[], None],
 
 def tell_parent(key: str, value: dict[str, str] | None = None) -> None:
     """Tell the parent of :func:`detached` ``key`` (``running``: what records a stop of the
-    experiment; ``recorded``: it is recorded); nothing without such a parent."""
+    experiment; ``recorded``: it is recorded); nothing without such a parent, or once it has
+    ended (killed: this process is stopping on the SIGTERM its end sent)."""
     for fd in _TO_PARENT:
-        os.write(fd, (json.dumps({key: value or {}}) + "\n").encode())
+        with contextlib.suppress(BrokenPipeError):
+            os.write(fd, (json.dumps({key: value or {}}) + "\n").encode())
 
 
 def say_stopped(directory: str) -> None:

@@ -96,3 +96,16 @@ def test_a_run_the_store_does_not_hold_is_said(store):
     assert lines[0].startswith(f"raydg: error: the runs of MLflow run {'0' * 32} could not be "
                                "marked KILLED: ")
     assert lines[-1] == "raydg: continue with: raydg resume /x/exp-4"
+
+
+def test_telling_a_parent_that_has_ended_is_no_error(monkeypatch):
+    """A killed parent closed its end of the pipe: the child, stopping, tells nobody."""
+    from raydg import signals
+
+    reader, writer = os.pipe()
+    os.close(reader)
+    monkeypatch.setattr(signals, "_TO_PARENT", [writer])
+    try:
+        signals.tell_parent("recorded")
+    finally:
+        os.close(writer)
