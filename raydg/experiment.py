@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from raydg import plugins, reaper
+from raydg import local_ray, plugins, reaper
 from raydg.config import RunConfig, Search, setting_label, to_dict
 from raydg.datasets import load_dataset
 from raydg.datasets.cache import cache_root
@@ -119,9 +119,9 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None
         yield address is None, []
         return
     try:  # "local": a fresh Ray, never a stale one that `ray start` left in /tmp/ray
-        with _outside_job(address is None):  # workers' output stays in Ray's log files
+        with _outside_job(address is None), local_ray.lean(address is None):
             ray.init(address=address or "local", include_dashboard=False,
-                     logging_level="ERROR", log_to_driver=False,
+                     logging_level="ERROR", log_to_driver=False,  # output: Ray's log files
                      runtime_env=plugins.runtime_env(shipped or []))
     except ConnectionError as err:
         raise RaydgError(f"cannot join a Ray cluster at {address}: {err}") from None
