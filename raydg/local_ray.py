@@ -17,12 +17,14 @@ of 0, which never waits for a port that another Ray on the machine holds) and sk
 dashboard head. It patches ``ray._private.node.Node`` (checked for Ray 2.60, which
 constraints.txt pins; tests/test_local_ray.py lists the processes). A dashboard, job submission
 and ``ray status`` stay one ``ray start --head`` away: raydg joins that Ray with
-``--address auto``.
+``--address auto``. ``RAYDG_LEAN_RAY=0`` starts Ray's own set (should a Ray upgrade break the
+patch; ``benchmarks/memory.py`` compares the two).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,7 +34,7 @@ def lean(fresh: bool = True) -> Iterator[None]:
     """While it lasts, a head node that ``ray.init`` starts leaves out the dashboard head, the
     autoscaler monitor and the log monitor, and takes any free port for its dashboard agent;
     nothing changes unless ``fresh`` (a cluster that raydg joins is as it was started)."""
-    if not fresh:
+    if not fresh or os.environ.get("RAYDG_LEAN_RAY") == "0":
         yield
         return
     from ray._private import node
