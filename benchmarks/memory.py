@@ -30,12 +30,14 @@ import psutil
 COMMAND = ["run", "digits-style", "--target", "sketch", "--clients", "30", "--dirichlet", "0.1",
            "--sample", "10", "--local-steps", "20", "--rounds", "10", "--seed", "0",
            "--actors", "2"]
-KINDS = [("raydg.reaper", "raydg reaper"), ("-m raydg", "raydg"), ("gcs_server", "GCS"),
-         ("raylet", "raylet"), ("dashboard/agent.py", "dashboard agent"),
-         ("runtime_env/agent", "runtime-env agent"), ("dashboard/dashboard.py", "dashboard head"),
-         ("log_monitor.py", "log monitor"), ("autoscaler", "autoscaler monitor"),
-         ("ray::ImplicitFunc", "trial (driver actor)"), ("ray::ClientHost", "client actor"),
-         ("ray::IDLE", "idle worker"), ("default_worker.py", "idle worker")]
+KINDS = [  # a command line's mark -> the kind of process (an agent renames itself once started)
+    ("raydg.reaper", "raydg reaper"), ("-m raydg", "raydg"), ("gcs_server", "GCS"),
+    ("raylet", "raylet"), ("dashboard/agent.py", "dashboard agent"),
+    ("ray::DashboardAgent", "dashboard agent"), ("runtime_env/agent", "runtime-env agent"),
+    ("ray::RuntimeEnvAgent", "runtime-env agent"), ("dashboard/dashboard.py", "dashboard head"),
+    ("log_monitor.py", "log monitor"), ("autoscaler", "autoscaler monitor"),
+    ("ray::ImplicitFunc", "trial (driver actor)"), ("ray::ClientHost", "client actor"),
+    ("ray::IDLE", "idle worker"), ("default_worker.py", "idle worker")]
 
 
 def kind(line: str) -> str:

@@ -10,22 +10,25 @@ from ray._private import node
 from raydg.config import RunConfig
 from raydg.experiment import ray_session
 
-# a command line's mark -> the process; what raydg's local Ray must run, and what it must not
-NEEDED = {"gcs_server": "GCS", "raylet": "raylet", "dashboard/agent.py": "dashboard agent",
-          "runtime_env/agent/main.py": "runtime-env agent"}
-LEFT_OUT = {"dashboard/dashboard.py": "dashboard head", "autoscaler/_private/monitor.py":
-            "autoscaler monitor", "_private/log_monitor.py": "log monitor"}
+# each process by the marks of its command line (an agent renames itself once it has started)
+NEEDED = {"GCS": ("gcs_server",), "raylet": ("raylet",),
+          "dashboard agent": ("dashboard/agent.py", "ray::DashboardAgent"),
+          "runtime-env agent": ("runtime_env/agent/main.py", "ray::RuntimeEnvAgent")}
+LEFT_OUT = {"dashboard head": ("dashboard/dashboard.py",),
+            "autoscaler monitor": ("autoscaler/_private/monitor.py",),
+            "log monitor": ("_private/log_monitor.py",)}
 
 
 def _running() -> set[str]:
-    """The marks of NEEDED and LEFT_OUT in the command lines of this process's descendants."""
+    """The processes of NEEDED and LEFT_OUT among this process's descendants."""
     found = set()
     for proc in psutil.Process().children(recursive=True):
         try:
             line = " ".join(proc.cmdline())
         except psutil.Error:
             continue
-        found |= {mark for mark in (*NEEDED, *LEFT_OUT) if mark in line}
+        found |= {name for name, marks in {**NEEDED, **LEFT_OUT}.items()
+                  if any(mark in line for mark in marks)}
     return found
 
 
