@@ -73,7 +73,7 @@ OPTION_GROUPS = {
                  "model", "image_size", "pretrained", "weights", "train_transform",
                  "eval_local", "validate_clients", "validate_every"),
     "Resources": ("actors", "cpus_per_actor", "gpus_per_actor", "max_concurrent", "placement",
-                  "address", "storage"),
+                  "address", "dashboard", "storage"),
     "Data": ("data_root", "skip_bad_images", "cache", "cache_dir"),
     "Tracking and output": ("tracking_uri", "experiment", "quiet"),
 }
@@ -169,6 +169,9 @@ RUN_OPTIONS = [
     click.option("--address", help="Ray cluster to join: HOST:PORT or auto; or local: a fresh "
                                    "Ray on this machine even where RAY_ADDRESS is set. "
                                    "[default: a local Ray, or $RAY_ADDRESS]"),
+    click.option("--dashboard", is_flag=True, default=None,
+                 help="Start the local Ray with all its processes and its dashboard (a web UI "
+                      "of the trials and actors), which a local run leaves out."),
     click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                  help="Any config key, e.g. --set options.mu=0.1 (repeatable)."),
     click.option("--grid", "grid", multiple=True, metavar="KEY=V1,V2",

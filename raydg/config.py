@@ -73,6 +73,7 @@ class RunConfig:
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
     address: str | None = None  # Ray cluster address; None: a local Ray (or RAY_ADDRESS)
+    dashboard: bool = False  # a local Ray with Ray's own processes and its dashboard
     checkpoint_every: int | None = None  # rounds; None: as often as costs < 2 % of the time
     max_failures: int = 2  # restarts of a federation from its checkpoint (lost actor or node)
     max_concurrent: int | None = None  # federations at once; None: as many as the cluster holds
@@ -206,13 +207,13 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 # config keys that place or track a run without changing its result
 NOT_RESULTS = ("actors", "cpus_per_actor", "gpus_per_actor", "max_concurrent", "placement",
-               "address", "storage", "tracking_uri", "experiment", "data_root", "cache",
-               "cache_dir", "checkpoint_every", "max_failures", "skip_bad_images",
+               "address", "dashboard", "storage", "tracking_uri", "experiment", "data_root",
+               "cache", "cache_dir", "checkpoint_every", "max_failures", "skip_bad_images",
                "reuse_actors", "paper_options", "plugins")
 # Keys a search may not vary: they name the experiment's data, targets, seeds, resources or store.
 EXPERIMENT_KEYS = ("dataset", "target", "seeds", "data_root", "image_size", "skip_bad_images",
-                   "cache", "cache_dir", "address", "max_concurrent", "placement", "storage",
-                   "tracking_uri", "experiment", "reuse_actors", "plugins")
+                   "cache", "cache_dir", "address", "dashboard", "max_concurrent", "placement",
+                   "storage", "tracking_uri", "experiment", "reuse_actors", "plugins")
 DISTRIBUTIONS = ("uniform", "loguniform", "randint", "choice")
 
 

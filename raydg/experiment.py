@@ -100,14 +100,17 @@ def _outside_job(fresh: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None
+def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None,
+                say: Callable[[str], None] = print
                 ) -> Iterator[tuple[bool, list[Callable[[], None]]]]:
     """Use the running Ray session, join ``cfg.address`` (or ``RAY_ADDRESS``; ``auto``: the
     cluster that ``ray start`` started last on this machine), or start a local Ray (and finally
     stop what was started or joined). Yields whether no cluster was named, i.e. whether the Ray
     in use is this machine's own, and the list of what records a stop the moment SIGTERM
     arrives (:func:`raydg.signals.stop_on_sigterm`). The ``shipped`` plugins go to every
-    worker; those from files need a Ray that raydg starts or joins."""
+    worker; those from files need a Ray that raydg starts or joins. A local Ray runs only the
+    processes raydg uses (:func:`raydg.local_ray.lean`), or with ``cfg.dashboard`` all of
+    Ray's and its dashboard, whose address goes to ``say``."""
     address = cluster_address(cfg)
     if address and address != "auto":
         check_reachable(address)
@@ -119,12 +122,16 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None
         yield address is None, []
         return
     try:  # "local": a fresh Ray, never a stale one that `ray start` left in /tmp/ray
-        with _outside_job(address is None), local_ray.lean(address is None):
-            ray.init(address=address or "local", include_dashboard=False,
-                     logging_level="ERROR", log_to_driver=False,  # output: Ray's log files
-                     runtime_env=plugins.runtime_env(shipped or []))
+        dashboard = address is None and cfg.dashboard
+        with _outside_job(address is None), local_ray.lean(address is None, dashboard):
+            context = ray.init(address=address or "local", include_dashboard=dashboard,
+                               logging_level="ERROR", log_to_driver=False,  # Ray's log files
+                               runtime_env=plugins.runtime_env(shipped or []))
     except ConnectionError as err:
         raise RaydgError(f"cannot join a Ray cluster at {address}: {err}") from None
+    if dashboard:
+        token = " (token: ray get-auth-token)" if os.environ.get("RAY_AUTH_MODE") == "token" else ""
+        say(f"raydg: Ray dashboard at http://{context.dashboard_url}{token}")
     if address is None:
         reaper.watch()  # this machine's Ray ends with raydg, however raydg ends
     try:
@@ -135,7 +142,7 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None
 
 
 @contextlib.contextmanager
-def session(cfg: RunConfig, plan: Plan, run_id: str | None
+def session(cfg: RunConfig, plan: Plan, run_id: str | None, say: Callable[[str], None]
             ) -> Iterator[tuple[bool, Tracker, list[Callable[[], None]]]]:
     """Ray (:func:`ray_session`) and the experiment's MLflow parent run, which a SIGTERM
     ends ``KILLED`` as it arrives. A tracking server that does not answer is refused
@@ -146,7 +153,7 @@ def session(cfg: RunConfig, plan: Plan, run_id: str | None
         check_store(cfg.tracking_uri)
     with ThreadPoolExecutor(1) as pool:
         store = pool.submit(check_store, cfg.tracking_uri) if sqlite else None
-        with ray_session(cfg, plan.plugins) as (local, on_stop):
+        with ray_session(cfg, plan.plugins, say) as (local, on_stop):
             if store is not None:
                 store.result()
             with Tracker(cfg, plan.label, plan.search, run_id, plan.name) as tracker:
@@ -230,7 +237,7 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     run_id = manifest["run_id"] if manifest else None
     address = cluster_address(base)
     say(f"raydg: {'joining the Ray cluster at ' + address if address else 'starting Ray'}")
-    with session(base, plan, run_id) as (local, tracker, on_stop):
+    with session(base, plan, run_id, say) as (local, tracker, on_stop):
         directory = resume or experiment_dir(plan, tracker.run_id)
         on_stop.append(lambda: say_stopped(directory))
         tell_parent("running", {"tracking_uri": base.tracking_uri, "run_id": tracker.run_id,

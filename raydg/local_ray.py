@@ -15,10 +15,11 @@ Ray has no ``ray.init`` argument for these: :func:`lean` sets the head node's pa
 ``ray start`` exposes (``--no-monitor``, ``--include-log-monitor``, and a dashboard agent port
 of 0, which never waits for a port that another Ray on the machine holds) and skips the
 dashboard head. It patches ``ray._private.node.Node`` (checked for Ray 2.60, which
-constraints.txt pins; tests/test_local_ray.py lists the processes). A dashboard, job submission
-and ``ray status`` stay one ``ray start --head`` away: raydg joins that Ray with
-``--address auto``. ``RAYDG_LEAN_RAY=0`` starts Ray's own set (should a Ray upgrade break the
-patch; ``benchmarks/memory.py`` compares the two).
+constraints.txt pins; tests/test_local_ray.py lists the processes). A dashboard, job
+submission and ``ray status`` stay one flag away (``raydg run --dashboard``), or one
+``ray start --head`` away: raydg joins that Ray with ``--address auto``. ``RAYDG_LEAN_RAY=0``
+starts Ray's own set (should a Ray upgrade break the patch; ``benchmarks/memory.py`` compares
+the two).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def lean(fresh: bool = True) -> Iterator[None]:
-    """While it lasts, a head node that ``ray.init`` starts leaves out the dashboard head, the
-    autoscaler monitor and the log monitor, and takes any free port for its dashboard agent;
+def lean(fresh: bool = True, dashboard: bool = False) -> Iterator[None]:
+    """While it lasts, a head node that ``ray.init`` starts takes any free port for its
+    dashboard agent and, unless ``dashboard`` (``raydg run --dashboard``: Ray's own set and
+    its dashboard), leaves out the dashboard head, the autoscaler monitor and the log monitor;
     nothing changes unless ``fresh`` (a cluster that raydg joins is as it was started)."""
     if not fresh or os.environ.get("RAYDG_LEAN_RAY") == "0":
         yield
@@ -43,13 +45,15 @@ def lean(fresh: bool = True) -> Iterator[None]:
 
     def lean_init(self: Any, ray_params: Any, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("head"):
-            ray_params.no_monitor = True
-            ray_params.include_log_monitor = False
             ray_params.dashboard_agent_listen_port = 0
+            if not dashboard:
+                ray_params.no_monitor = True
+                ray_params.include_log_monitor = False
         init(self, ray_params, *args, **kwargs)
 
     node.Node.__init__ = lean_init
-    node.Node.start_api_server = lambda self, **_: None
+    if not dashboard:
+        node.Node.start_api_server = lambda self, **_: None
     try:
         yield
     finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -34,6 +36,20 @@ def test_digits_rot_follows_rotated_mnist_protocol():
     counter = rotate(m0, 45, axes=(2, 1), reshape=False, order=1)
     m45 = data.domain("M45").x[:, 0].astype(float)
     assert np.abs(clockwise - m45).mean() < 0.5 * np.abs(counter - m45).mean()
+
+
+def test_embedded_digits_are_scikit_learns_read_without_importing_it():
+    code = ("import sys; from raydg.datasets.digits import sklearn_digits; "
+            "x, y = sklearn_digits(); "
+            "print(x.shape, int(x.max()), y.sum(), 'sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    digits = load_digits()
+    assert out.stdout.split() == ["(1797,", "8,", "8)", "16", str(digits.target.sum()), "False"]
+    from raydg.datasets.digits import sklearn_digits
+
+    pixels, labels = sklearn_digits()
+    np.testing.assert_array_equal(pixels, digits.images)
+    np.testing.assert_array_equal(labels, digits.target)
 
 
 def test_digits_style_domains_are_disjoint_and_balanced():

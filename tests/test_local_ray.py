@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import urllib.request
+from pathlib import Path
+
 import psutil
 import pytest
 import ray
@@ -43,7 +46,7 @@ def test_a_fresh_local_ray_runs_what_raydg_uses_and_works():
     if ray.is_initialized():
         pytest.fail("a test module left Ray running")
     patched = (node.Node.__init__, node.Node.start_api_server)
-    with ray_session(RunConfig(dataset="digits-style")):
+    with ray_session(RunConfig(dataset="digits-style"), say=pytest.fail):
         assert _running() == set(NEEDED), _running()
         group = ray.util.placement_group([{"CPU": 1}, {"CPU": 1}])
         ray.get(group.ready())
@@ -52,3 +55,21 @@ def test_a_fresh_local_ray_runs_what_raydg_uses_and_works():
         assert ray.get([a.echo.remote(i) for i, a in enumerate(actors)]) == [0, 1]
     assert not ray.is_initialized()
     assert (node.Node.__init__, node.Node.start_api_server) == patched
+
+
+def test_dashboard_flag_starts_rays_own_set_and_its_dashboard():
+    """``--dashboard``: Ray's monitors and the dashboard head run, and the printed address
+    answers."""
+    said: list[str] = []
+    with ray_session(RunConfig(dataset="digits-style", dashboard=True), say=said.append):
+        assert _running() == set(NEEDED) | set(LEFT_OUT), _running()
+        [line] = said
+        assert line.startswith("raydg: Ray dashboard at http://")
+        url = line.split()[4]
+        request = urllib.request.Request(f"{url}/api/version")
+        if line.endswith("(token: ray get-auth-token)"):  # Ray's default for a local Ray
+            token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+            request.add_header("Authorization", f"Bearer {token}")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert "ray_version" in response.read().decode()
+    assert not ray.is_initialized()

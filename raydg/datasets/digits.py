@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 
 from raydg.datasets import (
@@ -12,6 +16,7 @@ from raydg.datasets import (
     MultiDomainDataset,
     TrainDefaults,
 )
+from raydg.errors import RaydgError
 
 DIGITS_DEFAULTS = TrainDefaults(
     rounds=10, local_steps=20, lr=0.05, momentum=0.5, batch_size=32, model="cnn", image_size=16,
@@ -26,17 +31,29 @@ DIGITS_METHOD_OPTIONS = {m: {"cafl_reduction": "mean"} for m in ("fedfd", "fedfd
 _DIGITS_SEED = 20240601  # fixed: the benchmark's images never depend on the run seed
 
 
+def sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
+    """The 1,797 8x8 digits that scikit-learn ships (values 0-16) and their labels, read from
+    its data file as ``sklearn.datasets.load_digits`` reads it, without importing scikit-learn
+    (73 MB in the experiment's process, measured by benchmarks/memory.py's workload)."""
+    spec = importlib.util.find_spec("sklearn")  # locates the package, runs none of it
+    if spec is None or not spec.submodule_search_locations:
+        raise RaydgError("the embedded digits come with scikit-learn: pip install scikit-learn")
+    path = Path(spec.submodule_search_locations[0], "datasets", "data", "digits.csv.gz")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        data = np.loadtxt(f, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+
+
 def _digits(size: int) -> tuple[np.ndarray, np.ndarray]:
     """scikit-learn's bundled 8x8 digits, bilinearly resized to ``size``, in [0, 1]."""
     import torch
-    from sklearn.datasets import load_digits
 
-    bunch = load_digits()
-    images = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
+    pixels, labels = sklearn_digits()
+    images = torch.from_numpy(pixels.astype(np.float32) / 16.0).unsqueeze(1)
     images = torch.nn.functional.interpolate(
         images, size=(size, size), mode="bilinear", align_corners=False
     )
-    return images.squeeze(1).clamp(0, 1).numpy(), bunch.target.astype(np.int64)
+    return images.squeeze(1).clamp(0, 1).numpy(), labels
 
 
 def _stratified_groups(y: np.ndarray, groups: int, per_class: int | None, rng) -> list[np.ndarray]:
