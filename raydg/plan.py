@@ -81,9 +81,10 @@ def resolve(cfg: RunConfig) -> RunConfig:
     if "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())
     cfg = dataclasses.replace(cfg, storage=storage)
-    _check(not cls.needs_batchnorm or has_batchnorm(cfg.model),
-           f"{method_label(cfg)} acts on BatchNorm layers and model {cfg.model} has none; "
-           f"choose a model with BatchNorm ({', '.join(filter(has_batchnorm, MODELS.names()))})")
+    if cls.needs_batchnorm and not has_batchnorm(cfg.model):  # the others built on error only
+        raise RaydgError(f"{method_label(cfg)} acts on BatchNorm layers and model {cfg.model} "
+                         "has none; choose a model with BatchNorm "
+                         f"({', '.join(filter(has_batchnorm, MODELS.names()))})")
     validate(cfg)
     return cfg
 

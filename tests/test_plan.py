@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -205,11 +208,21 @@ def test_cosine_learning_rate_anneals_over_the_rounds():
 @pytest.mark.parametrize("method", ["fedbn", "silobn", "fedfd", "fedfd-a", "gperxan"])
 def test_methods_that_act_on_batchnorm_refuse_a_model_without_it(method):
     with pytest.raises(RaydgError, match=f"{method} acts on BatchNorm layers and model "
-                                         "mnist-cnn has none"):
+                                         r"mnist-cnn has none; .*\(cnn, mnist-cnn-bn, resnet18"):
         resolve(RunConfig(dataset="rotmnist", method=method, model="mnist-cnn"))
     assert resolve(RunConfig(dataset="rotmnist", method=method, model="cnn")).model == "cnn"
     for fine in ("fedavg", "csac", "elcfs", "fedsr"):
         assert resolve(RunConfig(dataset="rotmnist", method=fine)).model == "mnist-cnn"
+
+
+def test_planning_builds_no_model_it_does_not_run():
+    """Resolving a run builds no other backbone (the ResNets would import torchvision and
+    torch._dynamo into the experiment's process: memory and seconds)."""
+    code = ("import sys; from raydg.config import RunConfig; from raydg.plan import resolve; "
+            "resolve(RunConfig(dataset='digits-style', method='fedbn')); "
+            "print(sorted(m for m in ('torchvision', 'torch._dynamo') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_the_optimizer_is_sgd_or_adam_with_the_runs_learning_rate_and_decay():

@@ -33,8 +33,8 @@ _DIGITS_SEED = 20240601  # fixed: the benchmark's images never depend on the run
 
 def sklearn_digits() -> tuple[np.ndarray, np.ndarray]:
     """The 1,797 8x8 digits that scikit-learn ships (values 0-16) and their labels, read from
-    its data file as ``sklearn.datasets.load_digits`` reads it, without importing scikit-learn
-    (73 MB in the experiment's process, measured by benchmarks/memory.py's workload)."""
+    its data file as ``sklearn.datasets.load_digits`` reads it, without importing scikit-learn,
+    which the experiment's process needs for nothing else."""
     spec = importlib.util.find_spec("sklearn")  # locates the package, runs none of it
     if spec is None or not spec.submodule_search_locations:
         raise RaydgError("the embedded digits come with scikit-learn: pip install scikit-learn")
