@@ -131,9 +131,10 @@ class ClientHost(Runtime):
     def __init__(self, method: Method, cfg: RunConfig, spec: ModelSpec,
                  mean: tuple[float, ...], std: tuple[float, ...],
                  shards: list[ClientData]) -> None:
-        # a process's first torch optimizer imports torch._dynamo (about 1 s): pay it when the
-        # actor starts, not inside its first round's training (a no-op on a reused actor)
-        import torch._dynamo  # noqa: F401
+        if cfg.optimizer == "adam":
+            # torch.optim imports torch._dynamo (about 1 s) on its first step: pay it when the
+            # actor starts, not in round 1's training (raydg.optim.SGD imports nothing)
+            import torch._dynamo  # noqa: F401
 
         super().__init__(method, cfg, spec, mean, std)
         self.slots: dict[int, ClientSlot] = {}

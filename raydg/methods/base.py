@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from raydg import state as st
 from raydg.errors import RaydgError
 from raydg.models import ModelSpec, build_model
+from raydg.optim import SGD
 
 if TYPE_CHECKING:
     from raydg.config import RunConfig
@@ -90,19 +91,19 @@ class ClientContext:
     # under the method's first inference mode
     evaluate: Any
     scratch: dict[str, Any] = field(default_factory=dict)
-    optimizer: torch.optim.Optimizer | None = None
+    optimizer: SGD | torch.optim.Optimizer | None = None
     metrics: dict[str, list[float]] = field(default_factory=dict)
     steps: int = 0
 
-    def make_optimizer(self, params, scale: float = 1.0) -> torch.optim.Optimizer:
-        """The run's ``optimizer``: SGD with its momentum and weight decay, or Adam with its
-        default betas (ELCFS's code) and the weight decay; the learning rate follows
-        ``lr_schedule`` by round, times ``scale``."""
+    def make_optimizer(self, params, scale: float = 1.0) -> SGD | torch.optim.Optimizer:
+        """The run's ``optimizer``: SGD with its momentum and weight decay
+        (:class:`raydg.optim.SGD`, ``torch.optim.SGD``'s update), or Adam with its default
+        betas (ELCFS's code) and the weight decay; the learning rate follows ``lr_schedule`` by
+        round, times ``scale``."""
         cfg, lr = self.config, scale * learning_rate(self.config, self.round)
         if cfg.optimizer == "adam":
             return torch.optim.Adam(list(params), lr=lr, weight_decay=cfg.weight_decay)
-        return torch.optim.SGD(list(params), lr=lr, momentum=cfg.momentum,
-                               weight_decay=cfg.weight_decay)
+        return SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
     def log(self, name: str, value: float | Tensor) -> None:
         """Record ``value``; the round's metric ``name`` is its mean (over steps and clients)."""
