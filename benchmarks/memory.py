@@ -6,11 +6,13 @@ sketch --clients 30 --dirichlet 0.1 --sample 10 --local-steps 20 --rounds 10 --s
 out (``RAYDG_LEAN_RAY=0``: Ray's own set) and once without, in one script run. While each runs,
 every process under the command is read every ``--every`` seconds: USS (its own pages) and PSS
 (shared pages divided among the processes sharing them), so that torch's and Ray's shared
-libraries count once. Printed for each: the peak of the summed USS and PSS (MB) and, at that
-peak, what each kind of process holds; the seconds to the end of round 1 and to the end; the
-ratio lean / full. raydg's results must be identical (the printed Avg). With ``--flower
-PYTHON``, the same workload in Flower 1.41's simulation (``benchmarks/flower_workload.py``, run
-by that interpreter: a venv of its own, as that file says) is measured the same way, third.
+libraries count once (PSS also splits a page with processes outside the command: measure on a
+machine where no other process maps the same files). Printed for each: the peak of the summed
+USS and PSS (MB) and, at that peak, what each kind of process holds; the seconds to the end of
+round 1 and to the end; the ratio lean / full. raydg's results must be identical (the printed
+Avg). With ``--flower PYTHON``, the same workload in Flower 1.41's simulation
+(``benchmarks/flower_workload.py``, run by that interpreter: a venv of its own, as that file
+says) is measured the same way, third.
 
 Run:  python benchmarks/memory.py [--every 0.2] [--flower PYTHON] [--json memory.json]
 """
