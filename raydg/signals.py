@@ -28,6 +28,7 @@ import contextlib
 import ctypes
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -57,9 +58,16 @@ def detached(command: Callable[[], None],
         sys.exit(0)
     parent = os.getpid()
     reader, writer = os.pipe()
-    signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)  # held until they are passed on
-    child = os.fork()  # before torch or Ray are imported: one thread, nothing to corrupt
+    received: list[int] = []  # what the handlers caught, to pass on
+    signal.pthread_sigmask(signal.SIG_BLOCK, PASSED_ON)  # this thread's: held until the fork
+    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum))
+                for sig in PASSED_ON}
+    wake = _wakeup_pipe()
+    child = os.fork()  # before torch or Ray are imported: nothing to corrupt
     if child == 0:
+        signal.set_wakeup_fd(-1)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
         os.close(reader)
         _TO_PARENT.append(writer)
@@ -68,11 +76,8 @@ def detached(command: Callable[[], None],
         command()
         sys.exit(0)
     os.close(writer)
-    sent: set[int] = set()
-    for sig, passed in PASSED_ON.items():
-        signal.signal(sig, lambda _signum, _frame, passed=passed: _send(child, passed, sent))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
-    _, status = os.waitpid(child, 0)  # resumed after each handler (PEP 475)
+    status, sent = _pass_on_until_exit(child, wake, received)
     code = os.waitstatus_to_exitcode(status)
     code = code if code >= 0 else 128 - code
     if code != 0 and signal.SIGTERM in sent:
@@ -81,6 +86,38 @@ def detached(command: Callable[[], None],
             record_stop(told["running"])
         code = 143
     sys.exit(code)
+
+
+def _wakeup_pipe() -> int:
+    """The read end of a pipe that Python's C signal handler writes to, in whichever thread
+    the kernel hands a signal to (numpy's BLAS threads do not block signals: a signal they
+    take interrupts no system call of the main thread)."""
+    wake_r, wake_w = os.pipe()
+    for fd in (wake_r, wake_w):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_w)
+    return wake_r
+
+
+def _pass_on_until_exit(child: int, wake: int, received: list[int]) -> tuple[int, set[int]]:
+    """Pass each caught signal on (SIGHUP as SIGTERM) until ``child`` exits; its wait status
+    and the signals passed on. Waits on the child's pidfd and the wakeup pipe, never on
+    ``waitpid`` alone, which a signal taken by another thread would not interrupt."""
+    pidfd = os.pidfd_open(child)
+    sent: set[int] = set()
+    while True:
+        ready, _, _ = select.select([pidfd, wake], [], [])  # the handlers run as it returns
+        with contextlib.suppress(BlockingIOError):
+            while os.read(wake, 512):
+                pass
+        while received:
+            sig = PASSED_ON[received.pop(0)]
+            sent.add(sig)
+            with contextlib.suppress(ProcessLookupError):  # it has just ended
+                os.kill(child, sig)
+        if pidfd in ready:
+            os.close(pidfd)
+            return os.waitpid(child, 0)[1], sent
 
 
 def tell_parent(key: str, value: dict[str, str] | None = None) -> None:
@@ -109,12 +146,6 @@ def _told(reader: int) -> dict[str, dict[str, str]]:
     for line in data.decode().splitlines():
         told.update(json.loads(line))
     return told
-
-
-def _send(pid: int, sig: int, sent: set[int]) -> None:
-    sent.add(sig)
-    with contextlib.suppress(ProcessLookupError):  # it has just ended: waitpid returns
-        os.kill(pid, sig)
 
 
 def _terminate_when_gone(parent: int) -> None:

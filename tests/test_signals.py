@@ -15,11 +15,17 @@ from mlflow import MlflowClient
 # The child ends as Ray's driver ends raydg when every process of a job is signalled: at once,
 # before any Python code of raydg records the stop (``os._exit`` from the SIGTERM handler).
 CHILD = textwrap.dedent("""
-    import json, os, signal, sys
+    import json, os, signal, sys, threading
     from raydg.cli import _record_stop
     from raydg.signals import detached, tell_parent
 
     told, code = json.loads(sys.argv[1]), int(sys.argv[2])
+
+    def take_sigterm_here():  # a thread that does not block signals, as numpy's BLAS threads
+        if sys.stdin.readline() == "signal a thread\\n":
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+    threading.Thread(target=take_sigterm_here, daemon=True).start()
 
     def command():
         signal.signal(signal.SIGTERM, lambda *_: os._exit(code))
@@ -32,14 +38,17 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _stopped(told: dict, code: int) -> tuple[int, str]:
-    """Run CHILD under detached(), SIGTERM its parent once the child has told ``told``; the
-    exit code and what it printed."""
+def _stopped(told: dict, code: int, by_thread: bool = False) -> tuple[int, str]:
+    """Run CHILD under detached(), SIGTERM its parent once the child has told ``told``
+    (``by_thread``: to a thread of the parent other than its main thread); the exit code and
+    what it printed."""
     proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(told), str(code)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-    proc.send_signal(signal.SIGTERM)
-    printed, _ = proc.communicate(timeout=60)
+    if not by_thread:
+        proc.send_signal(signal.SIGTERM)
+    printed, _ = proc.communicate("signal a thread\n" if by_thread else "", timeout=60)
     return proc.returncode, printed
 
 
@@ -86,6 +95,17 @@ def test_a_child_that_finished_as_sigterm_came_is_left_alone(store):
     running = {"tracking_uri": store, "run_id": parent, "experiment_dir": "/x/exp-3"}
     assert _stopped({"running": running}, 0) == (0, "")
     assert MlflowClient(store).get_run(parent).info.status == "RUNNING"
+
+
+def test_a_signal_another_thread_takes_is_passed_on(store):
+    """The kernel hands a process-wide signal to any thread that does not block it: the
+    parent passes it on although its main thread, waiting for the child, was not interrupted
+    (before: the parent waited forever, a hang seen once in CI)."""
+    parent, _ = _runs(store)
+    running = {"tracking_uri": store, "run_id": parent, "experiment_dir": "/x/exp-5"}
+    code, printed = _stopped({"running": running}, 1, by_thread=True)
+    assert code == 143 and printed.splitlines()[-1] == "raydg: continue with: raydg resume /x/exp-5"
+    assert MlflowClient(store).get_run(parent).info.status == "KILLED"
 
 
 def test_a_run_the_store_does_not_hold_is_said(store):
