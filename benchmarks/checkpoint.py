@@ -36,7 +36,7 @@ import ray
 from raydg import checkpoint
 from raydg.config import RunConfig
 from raydg.datasets import load_dataset
-from raydg.plan import resolve
+from raydg.resolve import resolve
 from raydg.runner import Cadence
 from raydg.simulation import Simulation
 

@@ -29,7 +29,7 @@ from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.experiment import run_experiment
 from raydg.methods import METHODS
-from raydg.plan import resolve
+from raydg.resolve import resolve
 from raydg.results import long_rows
 
 

@@ -23,7 +23,7 @@ from raydg import state
 from raydg.config import RunConfig
 from raydg.methods import METHODS, ClientContext
 from raydg.models import ModelSpec
-from raydg.plan import resolve
+from raydg.resolve import resolve
 
 
 def seconds(fn, iters: int, warmup: int = 2) -> float:

@@ -59,7 +59,7 @@ from raydg.datasets import MultiDomainDataset, load_dataset
 from raydg.methods import METHODS
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
-from raydg.plan import resolve
+from raydg.resolve import resolve
 from raydg.simulation import Simulation
 
 OVERHEAD_TARGET = 0.05

@@ -52,8 +52,8 @@ def protocol(values: dict[str, object], variant: dict[str, str]
     """(method, augment, aggregation) -> every result-relevant MLflow param of the config
     with ``variant``'s settings applied, resolved for them."""
     from raydg.config import NOT_RESULTS, RunConfig
-    from raydg.plan import resolve
     from raydg.report import ROW_KEYS
+    from raydg.resolve import resolve
     from raydg.tracking import flat_params
 
     keys = {k: v for k, v in values.items() if k not in config_mod.FILE_SECTIONS}

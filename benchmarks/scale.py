@@ -32,7 +32,7 @@ import ray
 
 from raydg.config import RunConfig
 from raydg.datasets import load_dataset
-from raydg.plan import resolve
+from raydg.resolve import resolve
 from raydg.simulation import Simulation
 
 

@@ -1,7 +1,7 @@
 """Run configuration: plain data, read from YAML, ``--set key=value`` and ``--grid`` options.
 
 Fields left as ``None`` take the dataset's protocol defaults (:class:`raydg.datasets.TrainDefaults`)
-when the config is resolved by :mod:`raydg.plan`, which also checks names against the registries;
+when the config is resolved by :mod:`raydg.resolve`, which also checks names against the registries;
 this module imports no dataset, model or method. Method-specific settings live in ``options`` and
 are checked against the method's own ``Options`` dataclass.
 """

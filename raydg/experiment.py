@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 
 from raydg import local_ray, plugins, reaper
 from raydg.config import RunConfig, Search, setting_label, to_dict
-from raydg.datasets import load_dataset
+from raydg.datasets import DATASETS, MultiDomainDataset, load_dataset, resolve_root
 from raydg.datasets.cache import cache_root
 from raydg.errors import RaydgError
-from raydg.plan import Plan, check_federations, plan_experiment
-from raydg.pretrain import starting_weights
+from raydg.forked import apart
+from raydg.plan import Plan, check_federations, init_weights
 from raydg.results import (
     FederationResult,
     duration,
@@ -217,19 +218,14 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         cfg, search = RunConfig(**manifest["config"]), Search(**manifest["search"])
         cfg = dataclasses.replace(cfg, tracking_uri=moved or cfg.tracking_uri)
     cfg = dataclasses.replace(cfg, tracking_uri=tracking_uri(cfg))
-    plan = plan_experiment(cfg, search)
+    plugins.load(cfg.plugins)  # here too: a plugin's dataset is loaded here
+    plan, data = apart(lambda log: _plan(cfg, search, log), say)
     base = plan.config
-    for plugin in plan.plugins:
-        say(f"raydg: {plugin.origin}")
-    say(f"raydg: loading {base.dataset}")
-    cache = cache_root(base.cache_dir) if base.cache else None
-    data = load_dataset(base.dataset, base.data_root, base.image_size, base.skip_bad_images, say,
-                        cache)
-    for key, value in data.provenance.items():
-        say(f"raydg: {data.name} {key}: {value}")
+    if data is None:
+        data = _load(base, say)
     for warning in check_federations(plan, data):
         out(f"raydg: warning: {warning}")
-    weights = starting_weights(plan, data, cache_root(base.cache_dir), say)
+    weights = _starting_weights(plan, data, cache_root(base.cache_dir), say)
     check_storage(base.storage)
     if resume:
         verify_checkpoints(resume, plan.federations)
@@ -274,6 +270,46 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
             f"{base.tracking_uri}, then {ui_link(tracker.experiment_id)}); trial files in "
             f"{directory}")
         return ExperimentResult(plan, runs, summary, selection, printed, tracker.run_id)
+
+
+def _plan(cfg: RunConfig, search: Search | None, say: Callable[[str], None]
+          ) -> tuple[Plan, MultiDomainDataset | None]:
+    """In :func:`~raydg.forked.apart`'s child, the planning step (its registries import torch)
+    and, for a dataset that ships with raydg (small, resized with torch), its data; the data
+    of a data root is loaded in the experiment's process (large, memory-mapped from its
+    cache)."""
+    from raydg.resolve import plan_experiment
+
+    plan = plan_experiment(cfg, search)
+    for plugin in plan.plugins:
+        say(f"raydg: {plugin.origin}")
+    ships = resolve_root(DATASETS.get(plan.config.dataset), plan.config.data_root) is None
+    return plan, _load(plan.config, say) if ships else None
+
+
+def _load(base: RunConfig, say: Callable[[str], None]) -> MultiDomainDataset:
+    say(f"raydg: loading {base.dataset}")
+    cache = cache_root(base.cache_dir) if base.cache else None
+    data = load_dataset(base.dataset, base.data_root, base.image_size, base.skip_bad_images, say,
+                        cache)
+    for key, value in data.provenance.items():
+        say(f"raydg: {data.name} {key}: {value}")
+    return data
+
+
+def _starting_weights(plan: Plan, data: MultiDomainDataset, cache: Path,
+                      say: Callable[[str], None]) -> dict[str, dict[str, np.ndarray]]:
+    """Every federation's initial backbone by :func:`~raydg.plan.weights_key`, loaded (or
+    pretrained) in :func:`~raydg.forked.apart`'s child; none for random initialisations."""
+    if all(init_weights(f.config) is None for f in plan.federations):
+        return {}
+
+    def work(log: Callable[[str], None]) -> dict[str, dict[str, np.ndarray]]:
+        from raydg.pretrain import starting_weights
+
+        return starting_weights(plan, data, cache, log)
+
+    return apart(work, say)
 
 
 def ui_link(experiment_id: str, ui: str = "http://127.0.0.1:5000") -> str:

@@ -11,17 +11,16 @@ global model is built with them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from raydg.errors import RaydgError
 from raydg.registry import Registry
-
-IMAGENET = "imagenet"
 
 
 @dataclass(frozen=True)
@@ -134,16 +133,22 @@ def file_state(path: str | Path) -> dict[str, Tensor]:
     return state
 
 
-def load_backbone(net: nn.Module, state: dict[str, Tensor]) -> None:
-    """Load a backbone state dict into ``net``; an ``fc`` (the ImageNet head) is ignored.
-    Missing keys or mismatched shapes are one clear error."""
+def load_backbone(net: nn.Module, state: Mapping[str, Tensor | np.ndarray]) -> None:
+    """Load a backbone state dict (tensors, or numpy arrays as an experiment passes them)
+    into ``net``; an ``fc`` (the ImageNet head) is ignored. Missing keys or mismatched shapes
+    are one clear error."""
     own = {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")}
     missing = sorted(set(own) - set(state))
     bad = sorted(k for k in own if k in state and state[k].shape != own[k].shape)
     if missing or bad:
         raise RaydgError(f"the initial weights do not fit: missing {missing[:3]}, wrong "
                          f"shape {bad[:3]} ({len(missing)} missing, {len(bad)} mismatched)")
-    net.load_state_dict({k: state[k] for k in own}, strict=False)
+    net.load_state_dict({k: _tensor(state[k]) for k in own}, strict=False)
+
+
+def _tensor(value: Tensor | np.ndarray) -> Tensor:
+    """A tensor of ``value``; an array is copied (Ray's object store gives read-only ones)."""
+    return value if isinstance(value, Tensor) else torch.from_numpy(np.array(value))
 
 
 def _resnet(arch: str) -> Callable[[ModelSpec], FeatureClassifier]:

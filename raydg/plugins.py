@@ -50,11 +50,13 @@ class Plugin:
 
 def load(given: list[str] | tuple[str, ...] = ()) -> list[Plugin]:
     """Import the entry-point plugins of the installed packages, then ``given`` (module names
-    or ``.py`` files) in order; each once per process."""
-    _built_ins()
-    plugins = [_from_entry_point(ep) for group in GROUPS
-               for ep in sorted(entry_points(group=group), key=lambda e: e.name)]
-    return list(dict.fromkeys([*plugins, *(_given(spec) for spec in given)]))
+    or ``.py`` files) in order; each once per process. Without any, nothing is imported (not
+    even raydg's registries, which import torch)."""
+    found = [ep for group in GROUPS
+             for ep in sorted(entry_points(group=group), key=lambda e: e.name)]
+    if found or given:
+        _built_ins()
+    return list(dict.fromkeys([*map(_from_entry_point, found), *(_given(s) for s in given)]))
 
 
 def _built_ins() -> None:

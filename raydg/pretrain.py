@@ -32,8 +32,8 @@ from torch import Tensor
 
 from raydg.config import RunConfig
 from raydg.datasets import MultiDomainDataset
-from raydg.models import IMAGENET, ModelSpec, build_model, file_state, imagenet_weights
-from raydg.plan import GLYPHS, Plan, init_weights, weights_key
+from raydg.models import ModelSpec, build_model, file_state, imagenet_weights
+from raydg.plan import GLYPHS, IMAGENET, Plan, init_weights, weights_key
 
 LETTERS = "ACEFHJKLMNPRTUVWXY"
 NEUTRAL = "glyphs-neutral"
@@ -164,16 +164,18 @@ def initial_weights(cfg: RunConfig, channels: int, mean: tuple[float, ...],
 
 
 def starting_weights(plan: Plan, data: MultiDomainDataset, cache: Path,
-                     log: Callable[[str], None] = print) -> dict[str, dict[str, Tensor]]:
+                     log: Callable[[str], None] = print) -> dict[str, dict[str, np.ndarray]]:
     """Every federation's initial backbone, by :func:`~raydg.plan.weights_key`, loaded (or
     pretrained) once, here, and checked to fit the model: missing weights stop the experiment
-    before Ray starts, and no node has to find a file."""
-    out: dict[str, dict[str, Tensor]] = {}
+    before Ray starts, and no node has to find a file. As numpy arrays: the experiment's
+    process, which passes them on, holds no torch (:mod:`raydg.forked`)."""
+    out: dict[str, dict[str, np.ndarray]] = {}
     for fed in plan.federations:
         cfg, key = fed.config, weights_key(fed.config)
         if key in out or init_weights(cfg) is None:
             continue
-        out[key] = initial_weights(cfg, data.channels, data.mean, data.std, cache, log)
+        state = initial_weights(cfg, data.channels, data.mean, data.std, cache, log)
         build_model(ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size,
-                              out[key]))
+                              state))
+        out[key] = {k: v.detach().cpu().numpy() for k, v in state.items()}
     return out

@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import ray
 from ray import tune
-from torch import Tensor
 
 from raydg import checkpoint
 from raydg.config import RunConfig
@@ -67,7 +66,7 @@ class Cadence:
 
 
 def federation(config: dict[str, Any], data: MultiDomainDataset,
-               weights: dict[str, dict[str, Tensor]]) -> None:
+               weights: dict[str, dict[str, np.ndarray]]) -> None:
     """The Tune trainable: the driver of one federation, running in the trial's actor.
 
     Continues from the trial's last checkpoint when Tune restarts it (a lost actor or node, a
@@ -528,7 +527,7 @@ def _exists(point: tune.Checkpoint) -> bool:
 
 
 def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset,
-                    weights: dict[str, dict[str, Tensor]], tracker: Tracker,
+                    weights: dict[str, dict[str, np.ndarray]], tracker: Tracker,
                     out: Callable[[str], None], directory: str, resume: bool = False,
                     progress: str = "lines") -> list[FederationResult]:
     """Run every federation as a Tune trial in the experiment folder ``directory`` (as many

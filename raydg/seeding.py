@@ -6,8 +6,12 @@ depend on how clients are spread over Ray actors or in which order they finish.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 
 def derive_seed(seed: int, *keys: int) -> int:
@@ -21,6 +25,8 @@ def numpy_rng(seed: int, *keys: int) -> np.random.Generator:
 
 
 def torch_generator(seed: int, *keys: int) -> torch.Generator:
+    import torch  # here: planning partitions with this module in a process without torch
+
     return torch.Generator().manual_seed(derive_seed(seed, *keys))
 
 

@@ -72,7 +72,7 @@ def detached(command: Callable[[], None],
         os.close(reader)
         _TO_PARENT.append(writer)
         os.setsid()
-        _terminate_when_gone(parent)
+        terminate_when_gone(parent)
         command()
         sys.exit(0)
     os.close(writer)
@@ -148,7 +148,7 @@ def _told(reader: int) -> dict[str, dict[str, str]]:
     return told
 
 
-def _terminate_when_gone(parent: int) -> None:
+def terminate_when_gone(parent: int) -> None:
     """SIGTERM to this process when its parent ends (``PR_SET_PDEATHSIG``)."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:

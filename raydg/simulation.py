@@ -34,8 +34,9 @@ from raydg.ledger import DOWN, UP, Ledger, payload_nbytes
 from raydg.methods import Method, Upload, method_class
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
-from raydg.plan import init_weights, row_label
+from raydg.plan import init_weights
 from raydg.pretrain import initial_weights
+from raydg.resolve import row_label
 from raydg.results import FederationResult
 from raydg.saved_model import model_info
 
@@ -56,7 +57,7 @@ class Simulation:
         instance runs a method that is not registered (e.g. one defined in a notebook).
         ``weights`` is the backbone's initial state as the experiment loaded it (default: load
         ``cfg``'s pretrained start here, if it has one). ``restore`` is a :meth:`snapshot` to
-        continue from. ``label`` names its rows (default: :func:`raydg.plan.row_label`)."""
+        continue from. ``label`` names its rows (default: :func:`raydg.resolve.row_label`)."""
         self.config = dataclasses.replace(cfg, target=target, seeds=[seed])
         self.label = label or row_label(cfg, method)
         self.log = log

@@ -15,7 +15,7 @@ import pytest
 import ray
 
 from raydg.config import RunConfig
-from raydg.plan import resolve
+from raydg.resolve import resolve
 
 
 def load_benchmark(name: str) -> ModuleType:

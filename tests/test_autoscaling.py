@@ -40,7 +40,7 @@ from ray.autoscaler._private.util import validate_config
 
 from raydg.config import RunConfig
 from raydg.experiment import run_experiment
-from raydg.plan import resolve
+from raydg.resolve import resolve
 from tests.conftest import assert_same_as_on_a_local_ray, free_ports, wait_for_head
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from raydg.methods import METHODS, method_class
 from raydg.methods.ccst import PixelCoder, StyleTransfer, VGGCoder, _convs, adain, augment
 from raydg.models import ModelSpec
 from raydg.partition import ClientData, make_clients
-from raydg.plan import method_label
+from raydg.resolve import method_label
 from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from raydg.cli import cli
 from raydg.config import RunConfig, apply, load_yaml, parse_sets, split_search
 from raydg.methods import METHODS
-from raydg.plan import resolve
+from raydg.resolve import resolve
 
 
 def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):

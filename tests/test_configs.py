@@ -18,7 +18,7 @@ import pytest
 from raydg.config import RunConfig, apply, load_yaml, split_search
 from raydg.datasets import DATASETS
 from raydg.methods import method_class
-from raydg.plan import plan_experiment, resolve
+from raydg.resolve import plan_experiment, resolve
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 FILES = sorted(CONFIGS.glob("*.yaml"))

@@ -12,7 +12,8 @@ from torch import nn
 from raydg.config import RunConfig
 from raydg.errors import RaydgError
 from raydg.models import ModelSpec, build_model, file_state, has_batchnorm, imagenet_weights
-from raydg.plan import init_weights, resolve
+from raydg.plan import init_weights
+from raydg.resolve import resolve
 
 
 def _saved_resnet18(path) -> dict:

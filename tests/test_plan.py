@@ -23,7 +23,7 @@ from raydg.datasets import DATASETS
 from raydg.errors import RaydgError
 from raydg.methods.base import learning_rate
 from raydg.optim import SGD
-from raydg.plan import plan_experiment, resolve
+from raydg.resolve import plan_experiment, resolve
 from raydg.results import FederationResult, select_settings
 
 
@@ -220,7 +220,7 @@ def test_methods_that_act_on_batchnorm_refuse_a_model_without_it(method):
 def test_planning_builds_no_model_it_does_not_run():
     """Resolving a run builds no other backbone (the ResNets would import torchvision and
     torch._dynamo into the experiment's process: memory and seconds)."""
-    code = ("import sys; from raydg.config import RunConfig; from raydg.plan import resolve; "
+    code = ("import sys; from raydg.config import RunConfig; from raydg.resolve import resolve; "
             "resolve(RunConfig(dataset='digits-style', method='fedbn')); "
             "print(sorted(m for m in ('torchvision', 'torch._dynamo') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -253,7 +253,7 @@ def test_a_datasets_own_method_options_apply_below_the_users_and_are_labelled():
     """digits-*: fedfd/fedfd-a start from cafl_reduction=mean (their paper's sum collapses the
     digits CNN); method_options and options override it; every row off the paper's values
     is named with them, one at the paper's values plainly."""
-    from raydg.plan import not_paper, row_label
+    from raydg.resolve import not_paper, row_label
 
     cfg = resolve(RunConfig(dataset="digits-style", method="fedfd-a"))
     assert cfg.options["cafl_reduction"] == "mean"
@@ -277,7 +277,7 @@ def test_a_paper_configs_own_options_are_the_papers_and_others_are_labelled():
     default 10): no label; a change on top of it, or the file's options under another method,
     are labelled."""
     from raydg.config import load_yaml, split_search
-    from raydg.plan import row_label
+    from raydg.resolve import row_label
 
     values, _ = split_search(load_yaml("configs/csac-rotmnist.yaml"))
     assert values["paper_options"]["csac"]["calibration_epochs"] == 5
@@ -304,7 +304,7 @@ def test_options_a_search_varies_are_left_to_the_settings_label():
 
 
 def test_a_list_option_off_the_paper_is_one_word_of_the_label():
-    from raydg.plan import not_paper
+    from raydg.resolve import not_paper
 
     cfg = resolve(RunConfig(dataset="pacs", method="fedfd",
                             options={"eval_modes": ["global", "fixed"]}))

@@ -13,7 +13,7 @@ from raydg.config import RunConfig, parse_search
 from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.experiment import run_experiment
-from raydg.plan import plan_experiment
+from raydg.resolve import plan_experiment
 from raydg.results import timing_free
 from raydg.runner import _root_cause
 from raydg.simulation import Simulation

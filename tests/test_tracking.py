@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from raydg import tracking
 from raydg.config import RunConfig
 from raydg.errors import TrackingError
-from raydg.plan import resolve
+from raydg.resolve import resolve
 from raydg.tracking import Tracker
 
 

@@ -1,0 +1,243 @@
+"""The planning step: a config resolved against the registries (datasets, methods, models),
+an experiment expanded into federations (:class:`~raydg.plan.Plan`).
+
+Resolution fills ``None`` training fields from the dataset's defaults, canonicalises method and
+dataset names and validates every value, so that bad input is refused before Ray starts. The
+method and model registries import torch: an experiment's own process runs this step in a child
+(:func:`raydg.forked.apart`) and keeps only the plan, which is plain data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from raydg.config import NOT_RESULTS, RunConfig, Search, apply, setting_label, to_dict
+from raydg.datasets import DATASETS
+from raydg.errors import RaydgError
+from raydg.methods import METHODS, Method, method_class
+from raydg.models import MODELS, has_batchnorm, has_pretrained
+from raydg.partition import MIN_CLIENT_SAMPLES
+from raydg.plan import GLYPHS, Federation, Plan, targets
+from raydg.plugins import load
+from raydg.transforms import TRANSFORMS
+
+LR_SCHEDULES = ("constant", "cosine")
+OPTIMIZERS = ("sgd", "adam")
+STORAGE_ENV = "RAYDG_STORAGE"
+DEFAULT_STORAGE = "raydg-results"
+PLACEMENTS = ("pack", "spread")
+
+
+def _method_options(cfg: RunConfig, dataset: Mapping[str, Mapping[str, Any]]
+                    ) -> dict[str, Any]:
+    """The run's options: the dataset's own for its method (and composed ones), then
+    ``method_options``, then ``options``; every entry of ``method_options`` is checked against
+    its own method."""
+    for name, values in cfg.method_options.items():
+        _check(isinstance(values, dict), f"method_options.{name} must map option names to "
+                                         f"values, got {values!r}")
+        METHODS.get(name).parse_options(values)
+    names = [METHODS.get(n).name for n in (cfg.method, cfg.augment, cfg.aggregation) if n]
+    layers = [dataset, {METHODS.get(k).name: v for k, v in cfg.method_options.items()}]
+    return {**{k: v for by_name in layers for n in names for k, v in by_name.get(n, {}).items()},
+            **cfg.options}
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """Fill ``None`` fields from the dataset's defaults (training) and the method's paper
+    (``client_selection``), merge ``method_options`` into ``options``, validate everything."""
+    spec = DATASETS.get(cfg.dataset)
+    options = _method_options(cfg, spec.method_options)
+    cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
+    cls.parse_options(options)
+    defaults = dataclasses.asdict(spec.defaults)
+    filled = {k: v for k, v in defaults.items() if getattr(cfg, k) is None}
+    augment, aggregation = (METHODS.get(n).name if n else None
+                            for n in (cfg.augment, cfg.aggregation))
+    _check(cfg.weights is None or cfg.pretrained is not False,
+           "--weights and --no-pretrained contradict each other")
+    selection = cls.client_selection if cfg.client_selection is None else cfg.client_selection
+    cfg = dataclasses.replace(cfg, dataset=spec.name, method=METHODS.get(cfg.method).name,
+                              augment=augment, aggregation=aggregation, options=options,
+                              client_selection=selection, **filled)
+    if cfg.weights is not None:
+        cfg = dataclasses.replace(cfg, pretrained=True)
+    elif not has_pretrained(cfg.model):
+        _check(cfg.pretrained is not True or "pretrained" in filled,
+               f"model {cfg.model} has no ImageNet weights; drop --pretrained, or pass "
+               f"--weights FILE or --weights {GLYPHS}")
+        cfg = dataclasses.replace(cfg, pretrained=False)  # the dataset default does not apply
+    storage = cfg.storage or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
+    if "://" not in storage:
+        storage = str(Path(storage).expanduser().resolve())
+    cfg = dataclasses.replace(cfg, storage=storage)
+    if cls.needs_batchnorm and not has_batchnorm(cfg.model):  # the others built on error only
+        raise RaydgError(f"{method_label(cfg)} acts on BatchNorm layers and model {cfg.model} "
+                         "has none; choose a model with BatchNorm "
+                         f"({', '.join(filter(has_batchnorm, MODELS.names()))})")
+    validate(cfg)
+    return cfg
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise RaydgError(message)
+
+
+def validate(cfg: RunConfig) -> None:
+    for field in dataclasses.fields(cfg):  # NaN or an infinity passes every range check
+        value = getattr(cfg, field.name)
+        _check(not isinstance(value, float) or math.isfinite(value),
+               f"{field.name} must be a finite number, got {value}")
+    spec = DATASETS.get(cfg.dataset)
+    _check(cfg.target == "all" or cfg.target in spec.domains,
+           f"unknown target domain {cfg.target!r} for {spec.name}; "
+           f"choose one of {', '.join(spec.domains)} or 'all'")
+    _check(len(cfg.seeds) > 0, "at least one seed is needed")
+    for key in ("rounds", "local_steps", "batch_size", "val_every", "validate_every",
+                "eval_batch_size", "image_size"):
+        _check(getattr(cfg, key) > 0, f"{key} must be positive, got {getattr(cfg, key)}")
+    _check(cfg.lr > 0, f"lr must be positive, got {cfg.lr}")
+    _check(cfg.momentum is None or 0 <= cfg.momentum < 1,
+           f"momentum must be in [0, 1), got {cfg.momentum}")
+    _check(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
+    _check(cfg.clients is None or cfg.clients > 0, f"clients must be positive, got {cfg.clients}")
+    _check(cfg.dirichlet is None or cfg.dirichlet > 0,
+           f"--dirichlet alpha must be positive, got {cfg.dirichlet}")
+    _check(cfg.sample is None or cfg.sample > 0, f"sample must be positive, got {cfg.sample}")
+    _check(cfg.client_size is None or cfg.client_size >= MIN_CLIENT_SAMPLES,
+           f"client_size must be at least {MIN_CLIENT_SAMPLES}, got {cfg.client_size}")
+    _check(cfg.client_size is None or cfg.clients is not None,
+           "--client-size needs --clients: the number of clients that draw samples")
+    sources = len(spec.domains) - 1
+    _check(cfg.clients is None or cfg.clients >= sources,
+           f"--clients {cfg.clients} is fewer than the {sources} source domains")
+    n = cfg.clients or sources
+    _check(cfg.sample is None or cfg.sample <= n,
+           f"--sample {cfg.sample} is more than the {n} clients (K must be <= N)")
+    _check(0 < cfg.val_fraction < 1, f"val_fraction must be in (0, 1), got {cfg.val_fraction}: "
+           "model selection needs each client's source-validation split")
+    _check(cfg.validate_clients in ("all", "sampled") or (
+        cfg.validate_clients.isdigit() and int(cfg.validate_clients) > 0),
+           f"validate_clients must be all, sampled or a positive number of clients, got "
+           f"{cfg.validate_clients!r}")
+    _check(cfg.agg_weights in ("samples", "uniform"),
+           f"agg_weights must be 'samples' or 'uniform', got {cfg.agg_weights!r}")
+    _check(cfg.actors is None or cfg.actors > 0, f"actors must be positive, got {cfg.actors}")
+    _check(cfg.train_transform in TRANSFORMS,
+           f"train_transform must be one of {', '.join(TRANSFORMS)}, got {cfg.train_transform!r}")
+    _check(cfg.cpus_per_actor > 0, "cpus_per_actor must be positive")
+    _check(cfg.gpus_per_actor >= 0, "gpus_per_actor must be >= 0")
+    _check(cfg.optimizer in OPTIMIZERS,
+           f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer!r}")
+    _check(cfg.lr_schedule in LR_SCHEDULES,
+           f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {cfg.lr_schedule!r}")
+    _check(cfg.checkpoint_every is None or cfg.checkpoint_every > 0,
+           f"checkpoint_every must be positive, got {cfg.checkpoint_every}")
+    _check(cfg.max_failures >= 0, f"max_failures must be >= 0, got {cfg.max_failures}")
+    _check(cfg.max_concurrent is None or cfg.max_concurrent > 0,
+           f"max_concurrent must be positive, got {cfg.max_concurrent}")
+    _check(cfg.placement in PLACEMENTS,
+           f"placement must be one of {', '.join(PLACEMENTS)}, got {cfg.placement!r}")
+
+
+def _method(cfg: RunConfig, method: Method | None) -> tuple[type[Method], Any]:
+    """The run's method class and options (``method``'s for an unregistered instance)."""
+    if method is not None:
+        return type(method), method.options
+    cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
+    return cls, cls.parse_options(cfg.options)
+
+
+def method_label(cfg: RunConfig, method: Method | None = None) -> str:
+    """The method as MLflow tags it (``raydg.method``, what ``raydg report --method``
+    filters): ``fedbn+ccst-pixel``, or ``fedavg (steps of csac)`` with ``equal_compute``."""
+    cls, options = _method(cfg, method)
+    return cls.label(options) + (f" (steps of {cfg.equal_compute})" if cfg.equal_compute
+                                 else "")
+
+
+def not_paper(cfg: RunConfig, method: Method | None = None,
+              searched: dict[str, Any] | None = None) -> str:
+    """The run's options that are neither its paper config's (``paper_options``) nor, where
+    that is silent, its method's defaults (``Method.not_paper``); options that a search
+    varies (``searched``, a federation's setting) are left to the setting's label."""
+    cls, options = _method(cfg, method)
+    names = {cls.name} if method is not None else {
+        METHODS.get(n).name for n in (cfg.method, cfg.augment, cfg.aggregation) if n}
+    paper = {k: v for m, values in cfg.paper_options.items() if METHODS.get(m).name in names
+             for k, v in values.items()}
+    probe = apply(RunConfig(), searched or {})
+    varied = {*probe.options, *(k for values in probe.method_options.values() for k in values)}
+    return " ".join(f"{k}={json.dumps(v, separators=(',', ':')) if isinstance(v, list) else v}"
+                    for k, v in cls.not_paper(options, cls.parse_options(paper)).items()
+                    if k not in varied)  # one word per option: ``raydg report`` splits them
+
+
+def row_label(cfg: RunConfig, method: Method | None = None,
+              searched: dict[str, Any] | None = None) -> str:
+    """The method as a table row prints it: :func:`method_label`, then the options that are
+    not the paper's in brackets, ``fedfd [cafl_reduction=mean]`` (:func:`not_paper`)."""
+    extra = not_paper(cfg, method, searched)
+    return method_label(cfg, method) + (f" [{extra}]" if extra else "")
+
+
+# named apart from the settings a run changes: by the method's row label, the targets, the seeds
+NAMED_APART = ("dataset", "method", "augment", "aggregation", "options", "method_options",
+               "target", "seeds", "seed")
+
+
+def changed_settings(cfg: RunConfig) -> dict[str, Any]:
+    """The settings of the resolved ``cfg`` that change its result and differ from what its
+    dataset gives its method by default (``{"clients": 12, "dirichlet": 0.5}``); the method's
+    options are its row label's (:func:`row_label`)."""
+    default = to_dict(resolve(RunConfig(dataset=cfg.dataset, method=cfg.method,
+                                        augment=cfg.augment, aggregation=cfg.aggregation)))
+    return {k: v for k, v in to_dict(cfg).items()
+            if k not in NOT_RESULTS and k not in NAMED_APART and v != default[k]}
+
+
+def _equal_compute(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with the rounds that give its clients as many local steps as ``equal_compute``'s
+    setup phases add (e.g. CSAC's acquisition), on top of its own rounds."""
+    if cfg.equal_compute is None:
+        return cfg
+    other = METHODS.get(cfg.equal_compute)
+    options = other.parse_options(
+        {**cfg.method_options.get(other.name, {}),
+         **(cfg.options if other.name == cfg.method else {})})
+    extra = math.ceil(other.setup_steps(options, cfg) / cfg.local_steps)
+    return dataclasses.replace(cfg, equal_compute=other.name, rounds=cfg.rounds + extra)
+
+
+def plan_experiment(cfg: RunConfig, search: Search | None = None) -> Plan:
+    """Resolve ``cfg`` and each setting of ``search``; one federation per (setting, target,
+    seed), in that order. Every setting is resolved here, so a bad value in any of them is
+    refused before anything starts. The plugins are loaded first: their names resolve too."""
+    search = search or Search()
+    plugins = load(cfg.plugins)
+    base = resolve(cfg)
+    settings = search.settings()
+    federations = []
+    for setting in settings:
+        resolved = _equal_compute(resolve(apply(cfg, setting)) if setting else base)
+        federations += [
+            _federation(dataclasses.replace(resolved, target=t, seeds=[s]), setting)
+            for t in targets(base) for s in base.seeds]
+    keys = [f.key for f in federations]
+    if len(set(keys)) < len(keys):
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        raise RaydgError(f"the search repeats a setting: {', '.join(twice[:3])}")
+    return Plan(base, search, settings, federations,
+                setting_label(changed_settings(base)), plugins)
+
+
+def _federation(cfg: RunConfig, setting: dict[str, Any]) -> Federation:
+    return Federation(cfg, setting, method_label(cfg), not_paper(cfg),
+                      row_label(cfg, searched=setting))
