@@ -215,7 +215,7 @@ class FedFD(Method):
 
     name = "fedfd"
     Options = FedFDOptions
-    paper = "Yang et al., FedFD-A Eq. (2)-(5); FedIG Eq. (3)-(6)"
+    paper = "Yang et al., ECCV 2024 (FedFD-A), Eq. (2)-(5); FedIG Eq. (3)-(6)"
     uses_adapter = False
     needs_batchnorm = True  # mixed-statistics BN (Eq. 2)
     client_selection = True  # FedFD-A §4.1, FedIG-A A.2
@@ -334,7 +334,7 @@ class FedFDA(FedFD):
 
     name = "fedfd-a"
     Options = FedFDAOptions
-    paper = "Yang et al., FedFD-A Eq. (2)-(7); FedIG-A Eq. (3)-(9)"
+    paper = "Yang et al., ECCV 2024 (FedFD-A), Eq. (2)-(7); FedIG-A Eq. (3)-(9)"
     uses_adapter = True
 
     @classmethod

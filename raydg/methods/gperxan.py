@@ -95,7 +95,7 @@ class GPerXAN(Method):
 
     name = "gperxan"
     Options = GPerXANOptions
-    paper = "Le et al., gPerXAN Eq. (2)-(4)"
+    paper = "Le et al., CVPR 2024 (gPerXAN), Eq. (2)-(4)"
     needs_batchnorm = True  # XAN replaces BN layers
     plots: ClassVar[dict[str, tuple[str, ...]]] = {"xan_weights": ("line", "round", "w_in",
                                                                    "layer")}
