@@ -2,20 +2,31 @@
 algorithm: each training method, and each augmentation and aggregation rule composed onto
 FedAvg, runs as a Tune trial on 1 and on 2 client actors. Checked: the two give bit-identical
 weights and curves; each learns (its reported mode at least twice chance on a held-out domain
-close to its sources); an unknown option is refused; its ``paper`` names a citation."""
+close to its sources); a checkpoint written after round 2, read back and continued ends where
+the whole run ends; the ledger has a message each way for every client of every round; an
+unknown option is refused; its ``paper`` names a citation."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from raydg import checkpoint
 from raydg.config import RunConfig, Search
 from raydg.errors import RaydgError
 from raydg.experiment import ExperimentResult, run_experiment
+from raydg.ledger import DOWN, UP
 from raydg.methods import METHODS
+from raydg.resolve import resolve
 from raydg.results import timing_free
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -64,6 +75,76 @@ def test_every_method_learns(runs, search):
     assert not low, f"at most twice chance after {BASE.rounds} rounds: {low}"
 
 
+@pytest.fixture(scope="module")
+def round_trips() -> dict[str, dict[str, Any]]:
+    """Every method's round trip, one after the other on one driver actor in a placement group
+    (a driver bundle and a client actor's), as a Tune trial runs its federations."""
+    class Driver:
+        """A trial's driver: its federations park their client actors for the next one."""
+
+        def round_trip(self, cfg: RunConfig) -> dict[str, Any]:
+            """``cfg``'s federation run whole, writing a checkpoint after round 2; then a new
+            federation restored from it and run to the end."""
+            from raydg.datasets import load_dataset
+            from raydg.simulation import Simulation
+
+            data = load_dataset(cfg.dataset, None, cfg.image_size)
+            config = dataclasses.asdict(cfg)
+            with tempfile.TemporaryDirectory() as folder:
+                sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+
+                def write(row: dict[str, float]) -> None:
+                    if row["round"] == 2:
+                        checkpoint.write(Path(folder), sim.snapshot(), config)
+
+                whole = sim.run(write)
+                again = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None,
+                                   restore=checkpoint.read(Path(folder), config)).run()
+            return {"whole": whole, "again": again, "ledger": sim.ledger.rows,
+                    "sampled": sim.config.sample or len(sim.client_ids)}
+
+    group = ray.util.placement_group([{"CPU": 1}, {"CPU": 1}])
+    ray.get(group.ready())
+    driver = ray.remote(num_cpus=1)(Driver).options(  # nested: pickled by value
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True)
+    ).remote()
+    try:
+        return {label: ray.get(driver.round_trip.remote(resolve(dataclasses.replace(
+                    BASE, rounds=3, local_steps=4, actors=1, **composition))))
+                for label, composition in COMPOSITIONS.items()}
+    finally:
+        ray.kill(driver)  # and the client actors it parked
+        ray.util.remove_placement_group(group)
+
+
+COMPOSITIONS = {**{n: {"method": n} for n in TRAINING},
+                **{f"fedavg+{n}": {"method": "fedavg", "augment": n} for n in AUGMENT},
+                **{f"fedavg+{n}": {"method": "fedavg", "aggregation": n} for n in AGGREGATION}}
+
+
+@pytest.mark.parametrize("label", list(COMPOSITIONS))
+def test_a_checkpoint_continues_to_the_whole_runs_end(round_trips, label):
+    whole, again = round_trips[label]["whole"], round_trips[label]["again"]
+    for k in whole.global_state:
+        np.testing.assert_array_equal(whole.global_state[k], again.global_state[k], err_msg=k)
+    assert timing_free(whole.history) == timing_free(again.history)
+    assert whole.selected == again.selected
+
+
+@pytest.mark.parametrize("label", list(COMPOSITIONS))
+def test_the_ledger_has_a_message_each_way_for_every_sampled_client(round_trips, label):
+    rows, sampled = round_trips[label]["ledger"], round_trips[label]["sampled"]
+    clients: dict[tuple[int, str], set[int]] = defaultdict(set)
+    for row in rows:
+        assert row["direction"] in (UP, DOWN) and row["kind"] and row["bytes"] >= 0, row
+        clients[row["round"], row["direction"]].add(row["client"])
+    rounds = {r for r, _ in clients} - {0}  # round 0: a method's one-off set-up exchange
+    assert rounds == {1, 2, 3}, sorted(clients)
+    for r in rounds:
+        assert len(clients[r, DOWN]) == len(clients[r, UP]) >= sampled, (r, clients)
+
+
 @pytest.mark.parametrize("name", [n for n, _ in METHODS])
 def test_unknown_options_are_refused_and_the_paper_is_cited(name):
     cls = METHODS.get(name)
@@ -71,3 +152,4 @@ def test_unknown_options_are_refused_and_the_paper_is_cited(name):
         cls.parse_options({"no_such_option": 1})
     assert re.search(r"(19|20)\d\d|DomainBed|bound", cls.paper), cls.paper
     assert cls.__doc__ and cls.__doc__.strip(), f"{name} has no docstring"
+

@@ -46,7 +46,11 @@ Choices where the papers are silent, each an option:
 * Inference modes (FedFD-A Table 3 c1/c2), all evaluated in one run: ``global`` (running
   statistics), ``instance`` (instance statistics, i.e. TBN with batch size 1), ``fixed``
   (alpha = ``fixed_alpha``), ``random`` (alpha ~ U(0, 1) per sample and layer) and, for
-  FedFD-A, ``adapter``. The first mode of ``eval_modes`` drives model selection.
+  FedFD-A, ``adapter``. The first mode of ``eval_modes`` drives model selection. ``random``
+  draws from its own CPU generator seeded with :data:`PREDICT_SEED` at every ``predict`` call,
+  never from torch's global one (as FedSR's ``sampled``): a batch's prediction depends only on
+  the model and the batch, so a federation restored from a checkpoint evaluates as the whole
+  run did (tests/test_conformance.py found the difference).
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from raydg.methods import METHODS, ClientContext, Method, register
 from raydg.models import ModelSpec, replace_bns
 
 MIXSTYLE_ALPHA = 0.1  # Zhou et al., ICLR 2021
+PREDICT_SEED = 0  # seed of the ``random`` mode's draws, reset at every ``predict`` call
 
 
 class MixBN(nn.BatchNorm2d):
@@ -89,6 +94,7 @@ class MixBN(nn.BatchNorm2d):
         self.mode = "batch"
         self.u_range, self.fixed_alpha = u_range, fixed_alpha
         self.reference: tuple[Tensor, Tensor] | None = None
+        self.generator: torch.Generator | None = None  # of ``random``'s draws, set by predict
         # when a list, (alpha, T(eps)) of each adapter call are appended, means over channels
         self.record: list[tuple[Tensor, Tensor]] | None = None
         c = bn.num_features
@@ -125,7 +131,7 @@ class MixBN(nn.BatchNorm2d):
         if self.mode == "fixed":
             return torch.full((1, 1), self.fixed_alpha, device=mu_i.device)
         if self.mode == "random":
-            return torch.rand(n, 1, device=mu_i.device)
+            return torch.rand(n, 1, generator=self.generator).to(mu_i.device)
         if self.mode == "mixstyle":  # lambda ~ Beta(0.1, 0.1) per sample (Zhou et al.)
             return torch.distributions.Beta(MIXSTYLE_ALPHA, MIXSTYLE_ALPHA).sample((n, 1)).to(
                 mu_i.device)
@@ -307,7 +313,9 @@ class FedFD(Method):
     def predict(self, model: nn.Module, x: Tensor, mode: str) -> Tensor:
         """One forward pass; mu_G, sigma_G are the round's global statistics during the
         client's own validation, else the evaluated model's running statistics."""
-        with bn_mode(model, {"global": "batch"}.get(mode, mode)):
+        generator = torch.Generator().manual_seed(PREDICT_SEED)
+        with bn_mode(model, {"global": "batch"}.get(mode, mode)), \
+                _layers_set(model, "generator", generator):
             return model(x)
 
 
