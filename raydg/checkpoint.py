@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import io
 import json
 import zipfile
@@ -97,13 +96,10 @@ def _unpack(tree: Any, arrays: Any) -> Any:
 
 
 def _dataclass(name: str) -> type:
-    """A registered dataclass; the engine's own (``ClientState``, ``ClientData``) register
-    when ``raydg.client`` is imported, methods' when ``raydg.methods`` is."""
+    """A registered dataclass: its module registers it on import (the engine's own, e.g.
+    ``ClientState``, when the reader has imported the engine, a method's with the methods)."""
     if name not in DATACLASSES:
-        importlib.import_module("raydg.client")
-        importlib.import_module("raydg.methods")
-    if name not in DATACLASSES:
-        raise RaydgError(f"a checkpoint holds a {name}, which no raydg module registers")
+        raise RaydgError(f"a checkpoint holds a {name}, which no imported module registers")
     return DATACLASSES[name]
 
 
@@ -132,9 +128,25 @@ def is_checkpoint(folder: Path) -> bool:
 
 
 def read(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """The state in ``folder``, after checking that it is whole, of this format, and of a
-    federation with the same result-relevant ``config``; a one-line error naming the file
-    otherwise."""
+    """The state in ``folder``, after :func:`check`; its dataclasses are those registered in
+    this process (:func:`register_dataclass`)."""
+    tree, arrays = _whole(folder, config)
+    try:
+        return _unpack(tree["state"], arrays)
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise RaydgError(f"checkpoint {folder} matches its manifest but cannot be read "
+                         f"({type(err).__name__}: {err})") from None
+
+
+def check(folder: Path, config: dict[str, Any]) -> None:
+    """That the checkpoint in ``folder`` is whole, of this format, and of a federation with
+    the same result-relevant ``config``; a one-line error naming the file otherwise. Reads
+    no state (no engine or torch needed: an experiment's process checks before a resume)."""
+    _whole(folder, config)
+
+
+def _whole(folder: Path, config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The checkpoint's tree and arrays, once :func:`check`'s conditions hold."""
     manifest_path = folder / "manifest.json"
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -164,7 +176,6 @@ def read(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
         same = tree.get("config") == config_hash(config)
         with np.load(io.BytesIO(blobs["arrays.npz"]), allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
-        state = _unpack(tree["state"], arrays) if same else None
     except (ValueError, KeyError, TypeError, AttributeError, OSError,
             zipfile.BadZipFile) as err:  # e.g. an object array, which needs pickle
         raise RaydgError(f"checkpoint {folder} matches its manifest but cannot be read "
@@ -172,4 +183,4 @@ def read(folder: Path, config: dict[str, Any]) -> dict[str, Any]:
     if not same:
         raise RaydgError(f"checkpoint {folder / 'state.json'} belongs to a federation with a "
                          "different config; it cannot continue this one")
-    return state
+    return tree, arrays

@@ -515,7 +515,7 @@ def verify_checkpoints(directory: str, feds: list[Federation]) -> None:
         with point.as_directory() as local:
             try:
                 if checkpoint.is_checkpoint(Path(local)):
-                    checkpoint.read(Path(local), configs[trial.config[FEDERATION]["key"]])
+                    checkpoint.check(Path(local), configs[trial.config[FEDERATION]["key"]])
             except RaydgError as err:
                 raise RaydgError(str(err).replace(local, point.path)) from None
 

@@ -29,13 +29,12 @@ from raydg.actors import ClientPool, describe_placement
 from raydg.client import Evaluator, where
 from raydg.config import RunConfig, clients_per_round
 from raydg.datasets import MultiDomainDataset
-from raydg.datasets.cache import cache_root
+from raydg.errors import RaydgError
 from raydg.ledger import DOWN, UP, Ledger, payload_nbytes
 from raydg.methods import Method, Upload, method_class
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
 from raydg.plan import init_weights
-from raydg.pretrain import initial_weights
 from raydg.resolve import row_label
 from raydg.results import FederationResult
 from raydg.saved_model import model_info
@@ -55,9 +54,10 @@ class Simulation:
                  restore: dict[str, Any] | None = None, label: str | None = None) -> None:
         """``method`` defaults to the registered ``cfg.method`` with ``cfg.options``; passing an
         instance runs a method that is not registered (e.g. one defined in a notebook).
-        ``weights`` is the backbone's initial state as the experiment loaded it (default: load
-        ``cfg``'s pretrained start here, if it has one). ``restore`` is a :meth:`snapshot` to
-        continue from. ``label`` names its rows (default: :func:`raydg.resolve.row_label`)."""
+        ``weights`` is the backbone's initial state as the experiment loaded it (needed when
+        ``cfg`` starts from pretrained weights: the engine loads none). ``restore`` is a
+        :meth:`snapshot` to continue from. ``label`` names its rows (default:
+        :func:`raydg.resolve.row_label`)."""
         self.config = dataclasses.replace(cfg, target=target, seeds=[seed])
         self.label = label or row_label(cfg, method)
         self.log = log
@@ -76,8 +76,8 @@ class Simulation:
                                      self.method.eval_modes[0])
         torch.manual_seed(seeding.derive_seed(seed, seeding.MODEL_INIT))
         if weights is None and init_weights(cfg) is not None:
-            weights = initial_weights(cfg, data.channels, data.mean, data.std,
-                                      cache_root(cfg.cache_dir), log)
+            raise RaydgError(f"{cfg.model} starts from {init_weights(cfg)} weights: pass them "
+                             "(raydg.pretrain.initial_weights loads them)")
         # only the initial global model is built with pretrained weights; actors build the
         # architecture and receive the global state
         model = self.method.build_model(dataclasses.replace(self.spec, weights=weights))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +50,23 @@ def test_every_kind_of_state_round_trips_without_pickle(tmp_path):
     assert rng.random() == np.random.default_rng(5).random()
     with np.load(tmp_path / "c" / "arrays.npz", allow_pickle=False) as npz:
         assert len(npz.files) == 6  # w, the four ClientData arrays, the tensor
+
+
+def test_a_check_reads_no_state_and_a_read_needs_the_types_registered(tmp_path):
+    """``check`` (an experiment's process before a resume) needs neither the engine nor torch;
+    ``read`` builds only the dataclasses its process has registered: none is imported for it."""
+    checkpoint.write(tmp_path / "c", _state(), CONFIG)
+    code = ("import sys; from pathlib import Path; from raydg import checkpoint; "
+            f"checkpoint.check(Path({str(tmp_path / 'c')!r}), {CONFIG!r}); "
+            "print(sorted(m for m in ('torch', 'raydg.client') if m in sys.modules)); "
+            f"checkpoint.read(Path({str(tmp_path / 'c')!r}), {CONFIG!r})")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "[]", out.stderr[-2000:]
+    assert out.stderr.strip().splitlines()[-1] == (
+        "raydg.errors.RaydgError: a checkpoint holds a ClientState, which no imported module "
+        "registers")
+    with pytest.raises(RaydgError, match="different config"):
+        checkpoint.check(tmp_path / "c", {**CONFIG, "rounds": 4})
 
 
 def test_bad_checkpoints_are_refused_with_the_file_named(tmp_path):
