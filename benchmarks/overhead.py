@@ -53,7 +53,7 @@ import torch
 
 from raydg import seeding
 from raydg import state as st
-from raydg.client import ClientHost, Evaluator
+from raydg.client import ClientHost, Evaluator, RuntimeSpec
 from raydg.config import RunConfig, clients_per_round
 from raydg.datasets import MultiDomainDataset, load_dataset
 from raydg.methods import METHODS
@@ -130,9 +130,9 @@ def run_bare(cfg: RunConfig, data: MultiDomainDataset) -> Run:
     method = method_cls(method_cls.parse_options(cfg.options))
     torch.manual_seed(seeding.derive_seed(cfg.seed, seeding.MODEL_INIT))
     global_state = st.to_numpy(method.build_model(spec))
-    host = ClientHost(method, cfg, spec, data.mean, data.std, clients)
+    host = ClientHost(RuntimeSpec(method, cfg, spec, data.mean, data.std), clients)
     test = data.domain(cfg.target)
-    evaluator = Evaluator(method, cfg, spec, data.mean, data.std, test.x, test.y)
+    evaluator = Evaluator(RuntimeSpec(method, cfg, spec, data.mean, data.std), test.x, test.y)
     setup = time.perf_counter() - t0
 
     n = len(clients)

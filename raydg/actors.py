@@ -27,10 +27,9 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raydg.client import ClientHost
+from raydg.client import ClientHost, RuntimeSpec
 from raydg.config import RunConfig
-from raydg.methods import Method, Upload
-from raydg.models import ModelSpec
+from raydg.methods import Upload
 from raydg.partition import ClientData
 
 
@@ -106,9 +105,8 @@ def _unpark(n: int, cfg: RunConfig) -> list[Any]:
 class ClientPool:
     """The client actors of one simulation, addressed by client id."""
 
-    def __init__(self, method: Method, cfg: RunConfig, spec: ModelSpec,
-                 mean: tuple[float, ...], std: tuple[float, ...],
-                 clients: list[ClientData]) -> None:
+    def __init__(self, rt: RuntimeSpec, clients: list[ClientData]) -> None:
+        cfg = rt.config
         n_actors = cfg.actors or min(len(clients), actor_capacity(cfg))
         self.sizes = {c.client_id: c.num_train for c in clients}
         groups = balanced_groups(self.sizes, min(n_actors, len(clients)))
@@ -118,7 +116,7 @@ class ClientPool:
         self.cfg = cfg
         self.actors = _unpark(len(groups), cfg)
         try:
-            ray.get([a.reset.remote(method, cfg, spec, mean, std) for a in self.actors])
+            ray.get([a.reset.remote(rt) for a in self.actors])
         except ray.exceptions.RayActorError:  # a parked actor was lost: start afresh
             self.shutdown()
             self.actors = []
@@ -127,7 +125,7 @@ class ClientPool:
             host = ray.remote(concurrency_groups={STATE: 1})(ClientHost)
             self.actors = [host.options(num_cpus=cfg.cpus_per_actor,
                                         num_gpus=cfg.gpus_per_actor, **in_bundle(i, len(groups))
-                                        ).remote(method, cfg, spec, mean, std, [])
+                                        ).remote(rt, [])
                            for i in range(len(groups))]
         try:
             self.shards = {c.client_id: ray.put(c) for c in clients}

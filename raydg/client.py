@@ -64,19 +64,30 @@ class ClientSlot:
     state: ClientState
 
 
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """What each runtime of a federation (its client hosts, its evaluator) is built from."""
+
+    method: Method
+    config: RunConfig
+    model: ModelSpec
+    mean: tuple[float, ...]  # the dataset's normalisation
+    std: tuple[float, ...]
+
+
 class Runtime:
     """What clients and the evaluator share: the method, a working model, and input handling."""
 
-    def __init__(self, method: Method, cfg: RunConfig, spec: ModelSpec,
-                 mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    def __init__(self, rt: RuntimeSpec) -> None:
+        cfg = rt.config
         torch.set_num_threads(max(1, int(cfg.cpus_per_actor)))
         self.cfg = cfg
         self.device = pick_device(cfg.gpus_per_actor)
-        self.method = method
-        self.model = self.method.build_model(spec).to(self.device)
+        self.method = rt.method
+        self.model = self.method.build_model(rt.model).to(self.device)
         self.local_keys = self.method.local_keys(self.model)
-        self.mean, self.std = mean, std
-        self.transform = make_transform(cfg.train_transform, spec.image_size)
+        self.mean, self.std = rt.mean, rt.std
+        self.transform = make_transform(cfg.train_transform, rt.model.image_size)
 
     def where(self) -> dict[str, Any]:
         """Where this runtime runs: Ray node id, host name, process id and torch device."""
@@ -128,23 +139,20 @@ class Runtime:
 class ClientHost(Runtime):
     """Hosts clients: trains them, evaluates global models on their validation splits."""
 
-    def __init__(self, method: Method, cfg: RunConfig, spec: ModelSpec,
-                 mean: tuple[float, ...], std: tuple[float, ...],
-                 shards: list[ClientData]) -> None:
-        if cfg.optimizer == "adam":
+    def __init__(self, rt: RuntimeSpec, shards: list[ClientData]) -> None:
+        if rt.config.optimizer == "adam":
             # torch.optim imports torch._dynamo (about 1 s) on its first step: pay it when the
             # actor starts, not in round 1's training (raydg.optim.SGD imports nothing)
             import torch._dynamo  # noqa: F401
 
-        super().__init__(method, cfg, spec, mean, std)
+        super().__init__(rt)
         self.slots: dict[int, ClientSlot] = {}
         for shard in shards:
             self.adopt(shard)
 
-    def reset(self, method: Method, cfg: RunConfig, spec: ModelSpec,
-              mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+    def reset(self, rt: RuntimeSpec) -> None:
         """Host another federation in this warm process: as if built anew."""
-        self.__init__(method, cfg, spec, mean, std, [])
+        self.__init__(rt, [])
 
     def clear(self) -> None:
         """Drop every hosted client (their shards and state), between federations."""
@@ -244,10 +252,8 @@ class ClientHost(Runtime):
 class Evaluator(Runtime):
     """Holds the target domain and evaluates global models on it in every inference mode."""
 
-    def __init__(self, method: Method, cfg: RunConfig, spec: ModelSpec,
-                 mean: tuple[float, ...], std: tuple[float, ...], x: np.ndarray,
-                 y: np.ndarray) -> None:
-        super().__init__(method, cfg, spec, mean, std)
+    def __init__(self, rt: RuntimeSpec, x: np.ndarray, y: np.ndarray) -> None:
+        super().__init__(rt)
         self.x, self.y = x, y
 
     def analyze(self, global_state: st.State) -> dict[str, list[dict]]:

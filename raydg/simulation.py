@@ -26,7 +26,7 @@ from torch import Tensor
 from raydg import seeding
 from raydg import state as st
 from raydg.actors import ClientPool, describe_placement
-from raydg.client import Evaluator, where
+from raydg.client import Evaluator, RuntimeSpec, where
 from raydg.config import RunConfig, clients_per_round
 from raydg.datasets import MultiDomainDataset
 from raydg.errors import RaydgError
@@ -98,10 +98,11 @@ class Simulation:
         test = data.domain(target)
         # the target domain stays on the driver (which checks its device before any actor
         # starts); evaluation runs in a thread beside the rounds
-        self.evaluator = Evaluator(copy.deepcopy(method), self.config, self.spec, data.mean,
-                                   data.std, test.x, test.y)
+        rt = RuntimeSpec(method, self.config, self.spec, data.mean, data.std)
+        self.evaluator = Evaluator(dataclasses.replace(rt, method=copy.deepcopy(method)),
+                                   test.x, test.y)
         self._evaluation = ThreadPoolExecutor(1, thread_name_prefix="target-evaluation")
-        self.pool = ClientPool(method, self.config, self.spec, data.mean, data.std, clients)
+        self.pool = ClientPool(rt, clients)
         if restore is not None:
             try:
                 self._restore(restore)

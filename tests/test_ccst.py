@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from raydg import state
-from raydg.client import ClientHost
+from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, method_class
@@ -128,7 +128,7 @@ def _augmented_host(name: str, k: int = 2):
     cls = method_class(cfg.method, cfg.augment)
     method = cls(cls.parse_options(cfg.options))
     spec = ModelSpec(cfg.model, 3, 10, cfg.image_size)
-    host = ClientHost(method, cfg, spec, data.mean, data.std, clients)
+    host = ClientHost(RuntimeSpec(method, cfg, spec, data.mean, data.std), clients)
     torch.manual_seed(0)
     global_state = state.to_numpy(method.build_model(spec))
     bank = {c.client_id: host.phase("style", c.client_id, None, global_state, 0)[0]
@@ -240,7 +240,7 @@ def test_the_base_methods_own_phases_see_the_augmented_data():
     composed = type("CountsCCST", (ccst, _Counts), {"name": "counts+ccst"})
     method = composed(ccst.parse_options(cfg.options))
     spec = ModelSpec(cfg.model, 3, 10, cfg.image_size)
-    host = ClientHost(method, cfg, spec, data.mean, data.std, clients)
+    host = ClientHost(RuntimeSpec(method, cfg, spec, data.mean, data.std), clients)
     global_state = state.to_numpy(method.build_model(spec))
     assert host.phase("count", 0, None, global_state, 0)[0] == clients[0].num_train
     bank = {c.client_id: host.phase("style", c.client_id, None, global_state, 0)[0]

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from raydg import state
-from raydg.client import ClientHost
+from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
@@ -168,7 +168,7 @@ def _host(**options):
     spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
     torch.manual_seed(0)
     init = state.to_numpy(method.build_model(spec))
-    host = ClientHost(method, cfg, spec, data.mean, data.std, clients)
+    host = ClientHost(RuntimeSpec(method, cfg, spec, data.mean, data.std), clients)
     done = {c.client_id: host.phase("acquire", c.client_id, init, init, 0) for c in clients}
     assert {steps for _, steps in done.values()} == {method.options.acquire_steps}  # counted
     return host, method, init, {c: result for c, (result, _) in done.items()}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from raydg import state
-from raydg.client import ClientHost
+from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
@@ -44,7 +44,7 @@ def test_a_step_draws_multiplier_batches_and_counts_them():
     train_step = method.train_step
     method.train_step = lambda ctx, x, y: (seen.append(len(y)), train_step(ctx, x, y))[1]
     spec = ModelSpec(cfg.model, data.channels, 10, cfg.image_size)
-    host = ClientHost(method, cfg, spec, data.mean, data.std, [pooled])
+    host = ClientHost(RuntimeSpec(method, cfg, spec, data.mean, data.std), [pooled])
     upload = host.train(0, state.to_numpy(method.build_model(spec)), 1)
     assert seen == [16, 16, 16] and upload.metrics["steps"] == 6
 

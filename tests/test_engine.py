@@ -12,7 +12,7 @@ import torch
 
 from raydg import seeding, state
 from raydg.actors import balanced_groups
-from raydg.client import ClientHost
+from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
 from raydg.methods import Method, method_class
 from raydg.models import ModelSpec
@@ -242,7 +242,7 @@ def _per_client_val(result, cfg) -> dict[int, float]:
                           cfg.seed)
     method = method_class("fedavg", None)()
     spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
-    host = ClientHost(method, cfg, spec, data.mean, data.std, shards)
+    host = ClientHost(RuntimeSpec(method, cfg, spec, data.mean, data.std), shards)
     return {c: v["val_acc"] for c, v in host.validate(result.global_state, False)[0].items()}
 
 

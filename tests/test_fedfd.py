@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from raydg import state
-from raydg.client import ClientHost
+from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
@@ -176,7 +176,7 @@ def _host(method_name, **options):
     clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)
     spec = ModelSpec(cfg.model, data.channels, 10, cfg.image_size)
     method = _fedfd(method_name, **options)
-    return ClientHost(method, cfg, spec, data.mean, data.std, clients), method, spec
+    return ClientHost(RuntimeSpec(method, cfg, spec, data.mean, data.std), clients), method, spec
 
 
 def _first_round(method_name):

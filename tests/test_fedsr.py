@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from torch import nn
 
 from raydg.cli import cli
-from raydg.client import ClientHost, Evaluator
+from raydg.client import ClientHost, Evaluator, RuntimeSpec
 from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, ClientContext, method_class
@@ -201,11 +201,10 @@ def test_tiny_federation_logs_regularisers_and_reproduces_elsewhere(dataset, tar
     spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
     clients = make_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction,
                            cfg.seed, cfg.client_size)
-    validation, _ = ClientHost(method, cfg, spec, data.mean, data.std, clients).validate(
-        result.global_state, with_local=False)
+    rt = RuntimeSpec(method, cfg, spec, data.mean, data.std)
+    validation, _ = ClientHost(rt, clients).validate(result.global_state, with_local=False)
     assert np.mean([validation[c]["val_acc"] for c in sorted(validation)]) == rows[-1][
         "val_acc"]
     test = data.domain(target)
-    accuracies, _ = Evaluator(method, cfg, spec, data.mean, data.std, test.x,
-                              test.y).evaluate(result.global_state)
+    accuracies, _ = Evaluator(rt, test.x, test.y).evaluate(result.global_state)
     assert accuracies == {m: rows[-1][f"target_acc/{m}"] for m in ("sampled", "mean")}

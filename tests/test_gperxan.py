@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from raydg import state
-from raydg.client import ClientHost
+from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
 from raydg.methods import METHODS
 from raydg.methods.gperxan import IBN, XAN
@@ -58,7 +58,7 @@ def _round_two_views(name="gperxan", **options):
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)[:2]
     method = _method(name, **options)
-    host = ClientHost(method, cfg, SPEC, data.mean, data.std, clients)
+    host = ClientHost(RuntimeSpec(method, cfg, SPEC, data.mean, data.std), clients)
     torch.manual_seed(0)
     initial = state.to_numpy(method.build_model(SPEC))
     uploads = [host.train(c.client_id, initial, 1) for c in clients]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from raydg import state
-from raydg.client import ClientHost
+from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
 from raydg.methods import METHODS, Method
 from raydg.methods.local import Local
@@ -31,14 +31,14 @@ def test_each_member_is_its_client_trained_alone():
     local.arrange_clients(clients, cfg)
     torch.manual_seed(0)
     ensemble = state.to_numpy(local.build_model(spec))
-    host = ClientHost(local, cfg, spec, data.mean, data.std, clients)
+    host = ClientHost(RuntimeSpec(local, cfg, spec, data.mean, data.std), clients)
     for rnd in (1, 2):
         uploads = [host.train(c.client_id, ensemble, rnd) for c in clients]
         ensemble = local.aggregate(OneClientServer(ensemble), uploads)
     # independently: plain FedAvg with client k as the only client, from member 0's weights
     torch.manual_seed(0)
     alone_state = state.to_numpy(Method().build_model(spec))
-    fedavg = ClientHost(Method(), cfg, spec, data.mean, data.std, clients)
+    fedavg = ClientHost(RuntimeSpec(Method(), cfg, spec, data.mean, data.std), clients)
     for k, c in enumerate(clients):
         weights = alone_state
         for rnd in (1, 2):

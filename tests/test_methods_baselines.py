@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from raydg import state
-from raydg.client import ClientHost
+from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
 from raydg.methods import METHODS
 from raydg.models import ModelSpec
@@ -31,7 +31,7 @@ def _two_rounds(method: str):
     clients = make_clients(data, cfg.target, 2 * 3, None, cfg.val_fraction, cfg.seed)[:2]
     spec = ModelSpec(cfg.model, data.channels, 10, cfg.image_size)
     method_cls = METHODS.get(method)
-    host = ClientHost(method_cls(), cfg, spec, data.mean, data.std, clients)
+    host = ClientHost(RuntimeSpec(method_cls(), cfg, spec, data.mean, data.std), clients)
     torch.manual_seed(0)
     initial = state.to_numpy(host.method.build_model(spec))
     uploads = [host.train(c.client_id, initial, 1) for c in clients]

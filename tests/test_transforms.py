@@ -50,7 +50,7 @@ def test_domainbed_jitter_changes_colours_and_grayscale_appears():
 
 
 def test_train_transform_is_validated_and_reaches_training_batches():
-    from raydg.client import ClientHost
+    from raydg.client import ClientHost, RuntimeSpec
     from raydg.datasets import load_dataset
     from raydg.methods import METHODS
     from raydg.models import ModelSpec
@@ -63,8 +63,8 @@ def test_train_transform_is_validated_and_reaches_training_batches():
         cfg = tiny_config(train_transform=name)
         data = load_dataset(cfg.dataset, None, cfg.image_size)
         clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)[:1]
-        host = ClientHost(METHODS.get("fedavg")(), cfg, ModelSpec("cnn", 3, 10, 16), data.mean,
-                          data.std, clients)
+        host = ClientHost(RuntimeSpec(METHODS.get("fedavg")(), cfg, ModelSpec("cnn", 3, 10, 16),
+                                      data.mean, data.std), clients)
         ctx = host._context(0, 1, {k: v.detach().numpy() for k, v in
                                    host.model.state_dict().items()})
         firsts[name] = next(ctx.batches())[0]
