@@ -65,7 +65,8 @@ def detached(command: Callable[[], None],
     wake = _wakeup_pipe()
     child = os.fork()  # before torch or Ray are imported: nothing to corrupt
     if child == 0:
-        signal.set_wakeup_fd(-1)
+        os.close(signal.set_wakeup_fd(-1))  # the pipe's write end, and its read end
+        os.close(wake)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, PASSED_ON)
