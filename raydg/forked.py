@@ -68,7 +68,7 @@ def _answer(work: Callable[[Log], T], writer: int, parent: int) -> None:
         with os.fdopen(writer, "wb") as pipe:
             try:
                 pipe.write(pickle.dumps(answer))
-            except Exception as err:  # an exception that does not pickle: said as text
+            except Exception as err:  # a result or exception that does not pickle: as text
                 failed = RaydgError(f"{type(answer[1]).__name__}: {answer[1]} (and it could "
                                     f"not be passed on: {err})")
                 pipe.write(pickle.dumps((False, failed, lines)))

@@ -1,23 +1,34 @@
 """The method interface: one subclass of :class:`Method` per paper, registered by name.
 
-The base class *is* FedAvg; a method overrides only what its paper changes:
+The base class *is* FedAvg.
 
-=====================  ==========================================  =========================
-what                   hook                                        used by
-=====================  ==========================================  =========================
-clients                ``arrange_clients``                         DeepAll, local bound
-model construction     ``build_model``                             XAN, mixed-statistics BN
-local vs shared state  ``local_keys``                              FedBN, SiloBN, gPerXAN
-ledger kinds           ``upload_kind``                             non-parameter uploads
-local training         ``start_round``, ``train_step``, ``loss``,  FedProx, FedFD-A, gPerXAN
-                       ``end_round``
-client phases          ``client_phase`` (called via ``Server``)    CSAC, CCST
-server phases          ``setup``, ``aggregate``, ``on_round_end``  CSAC, CCST, gPerXAN
-aggregation weights    ``aggregation_weights``                     FedDG-GA
-model selection        ``validation_weights``                      FedDG-GA
-inference              ``eval_modes``, ``predict``                 FedFD-A's statistics
-analysis and plots     ``analyze``, ``plots``, ``summarize``       FedFD-A, gPerXAN
-=====================  ==========================================  =========================
+Its hooks, by where they run (a method overrides only what its paper changes):
+
+======================  ======================================  ==============================
+runs in                 hooks                                   used by (e.g.)
+======================  ======================================  ==============================
+planning (before Ray:   ``parse_options``, ``check_options``,   every method with options;
+the planning step,      ``not_paper``, ``label``,               CSAC (``setup_steps``)
+no model)               ``setup_steps``; class flags
+                        (``client_selection``,
+                        ``needs_batchnorm``, ...)
+driver, building the    ``arrange_clients``, ``build_model``,   DeepAll, local bound; XAN,
+federation (and each    ``local_keys``, ``upload_kind``         mixed-statistics BN; FedBN,
+client actor: model)                                            SiloBN, gPerXAN; ledger kinds
+client actor, each      ``start_round``, ``train_step``,        FedProx, FedFD-A, gPerXAN;
+round and phase         ``loss``, ``end_round``,                CSAC, CCST
+                        ``client_phase`` (via ``Server``)
+driver, the server      ``setup``, ``aggregate``,               CSAC, CCST, gPerXAN; FedDG-GA
+                        ``aggregation_weights``,                (weights and selection)
+                        ``validation_weights``,
+                        ``on_round_end``, ``server_state``,
+                        ``load_server_state``
+client actor (its       ``eval_modes``, ``predict``             FedFD-A's statistics, FedSR's
+validation) and the                                             sampling
+driver's evaluator
+driver's evaluator,     ``analyze``, ``plots``,                 FedFD-A, gPerXAN
+after the last round    ``summarize``
+======================  ======================================  ==============================
 
 Two kinds of method compose with any other (``raydg.methods.method_class``): an
 *augmentation* (``--augment``, e.g. CCST) and an *aggregation rule* (``--aggregation``, e.g.
@@ -182,6 +193,7 @@ class Method:
     def __init__(self, options: Any = None) -> None:
         self.options = options if options is not None else self.Options()
 
+    # ------------------------------------------------------------------ planning
     @classmethod
     def parse_options(cls, values: dict[str, Any]) -> Any:
         """Build ``Options`` from a dict, with one-line errors for unknown keys or bad types."""
@@ -233,13 +245,12 @@ class Method:
         what ``equal_compute`` gives a baseline on top of its rounds."""
         return 0
 
-    # ------------------------------------------------------------------ clients
+    # ------------------------------------------------------------------ building (driver)
     def arrange_clients(self, clients: list[ClientData], cfg: RunConfig) -> list[ClientData]:
         """The federation's clients, from the partition's source-domain shards (on the driver,
         before the model is built and any actor starts); e.g. DeepAll pools them into one."""
         return clients
 
-    # ------------------------------------------------------------------ model
     def build_model(self, spec: ModelSpec) -> nn.Module:
         return build_model(spec)
 
@@ -251,7 +262,7 @@ class Method:
         """The kind of information a state-dict entry reveals, for the communication ledger."""
         return "bn_statistics" if st.is_bn_statistic(key) else "parameters"
 
-    # ------------------------------------------------------------------ client side
+    # ------------------------------------------------------------------ client actor
     def start_round(self, ctx: ClientContext) -> None:
         """Called after the global weights are loaded, before the first local step."""
         ctx.optimizer = ctx.make_optimizer(p for p in ctx.model.parameters() if p.requires_grad)
@@ -274,14 +285,14 @@ class Method:
     def client_phase(self, phase: str, ctx: ClientContext, payload: Any) -> Any:
         raise NotImplementedError(f"{self.name} has no client phase {phase!r}")
 
-    # ------------------------------------------------------------------ inference
+    # ------------------------------------------------------------------ inference (both)
     eval_modes: ClassVar[tuple[str, ...]] = ("global",)
 
     def predict(self, model: nn.Module, x: Tensor, mode: str) -> Tensor:
         """Logits of the model in eval mode; ``mode`` is one of ``eval_modes``."""
         return model(x)
 
-    # ------------------------------------------------------------------ analysis
+    # ------------------------------------------------------------------ analysis (evaluator)
     # artifact table -> plot: ("box", group, value) or ("line", x, y, series)
     plots: ClassVar[dict[str, tuple[str, ...]]] = {}
 
@@ -295,7 +306,7 @@ class Method:
         report can show, ``raydg report --metric``, where artifacts do not travel)."""
         return {}
 
-    # ------------------------------------------------------------------ server side
+    # ------------------------------------------------------------------ server (driver)
     def setup(self, server: Server) -> None:
         """One-off phases before round 1 (e.g. style exchange, local pre-training)."""
 
