@@ -218,17 +218,8 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         cfg, search = RunConfig(**manifest["config"]), Search(**manifest["search"])
         cfg = dataclasses.replace(cfg, tracking_uri=moved or cfg.tracking_uri)
     cfg = dataclasses.replace(cfg, tracking_uri=tracking_uri(cfg))
-    plugins.load(cfg.plugins)  # here too: a plugin's dataset is loaded here
-    plan, data = apart(lambda log: _plan(cfg, search, log), say)
+    plan, data, weights = _prepare(cfg, search, resume, say, out)
     base = plan.config
-    if data is None:
-        data = _load(base, say)
-    for warning in check_federations(plan, data):
-        out(f"raydg: warning: {warning}")
-    weights = _starting_weights(plan, data, cache_root(base.cache_dir), say)
-    check_storage(base.storage)
-    if resume:
-        verify_checkpoints(resume, plan.federations)
     sources = len(data.domains) - 1
     run_id = manifest["run_id"] if manifest else None
     address = cluster_address(base)
@@ -247,29 +238,64 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         for key, value in plugins.tags(plan.plugins).items():
             tracker.set_tag(key, value)
         feds = fit_actors(plan, lambda c: c.clients or sources, local, say)
-        settings = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
-        changed = f" ({plan.changed})" if plan.changed else ""
-        say(f"raydg: {plan.rows} on {base.dataset}{changed}, targets {plan.targets}, seeds "
-            f"{base.seeds}{settings}, {base.rounds} rounds x {base.local_steps} local steps; "
-            f"MLflow run {tracker.run_id}")
+        say(_headline(plan, tracker.run_id))
         runs = run_federations(plan, feds, data, weights, tracker, out, directory,
                                resume=manifest is not None, progress=progress)
-        rows = long_rows(runs)
-        summary = summary_rows(rows, plan.targets)
-        printed = format_summary(summary, plan.targets, len(base.seeds))
-        selection = select_settings(rows, plan.targets) if len(plan.settings) > 1 else []
-        tables = {"results": rows, "summary": summary}
-        if selection:
-            printed += "\n\n" + format_selection(selection, len(base.seeds))
-            tables["selection"] = selection
-        tracker.log_summary(_final_metrics(plan, summary, selection), tables, printed,
-                            curves=curve_points(runs))
+        summary, selection, printed = _tables(plan, runs, tracker)
         out(printed)
         say(f"\nraydg: done in {duration(time.perf_counter() - start)}. MLflow run "
             f"{tracker.run_id} in {base.tracking_uri} (browse: mlflow ui --backend-store-uri "
             f"{base.tracking_uri}, then {ui_link(tracker.experiment_id)}); trial files in "
             f"{directory}")
         return ExperimentResult(plan, runs, summary, selection, printed, tracker.run_id)
+
+
+def _prepare(cfg: RunConfig, search: Search | None, resume: str | None,
+             say: Callable[[str], None], out: Callable[[str], None]
+             ) -> tuple[Plan, MultiDomainDataset, dict[str, dict[str, np.ndarray]]]:
+    """Everything checked before Ray starts: the plan (planned apart, :mod:`raydg.forked`),
+    the data and its partitions, the initial weights, the storage and, for ``resume``, the
+    checkpoints to continue from."""
+    plugins.load(cfg.plugins)  # here too: a plugin's dataset is loaded here
+    plan, data = apart(lambda log: _plan(cfg, search, log), say)
+    base = plan.config
+    if data is None:
+        data = _load(base, say)
+    for warning in check_federations(plan, data):
+        out(f"raydg: warning: {warning}")
+    weights = _starting_weights(plan, data, cache_root(base.cache_dir), say)
+    check_storage(base.storage)
+    if resume:
+        verify_checkpoints(resume, plan.federations)
+    return plan, data, weights
+
+
+def _headline(plan: Plan, run_id: str) -> str:
+    """The line that says what the experiment runs."""
+    base = plan.config
+    settings = f", {len(plan.settings)} settings" if len(plan.settings) > 1 else ""
+    changed = f" ({plan.changed})" if plan.changed else ""
+    return (f"raydg: {plan.rows} on {base.dataset}{changed}, targets {plan.targets}, seeds "
+            f"{base.seeds}{settings}, {base.rounds} rounds x {base.local_steps} local steps; "
+            f"MLflow run {run_id}")
+
+
+def _tables(plan: Plan, runs: list[FederationResult], tracker: Tracker
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str]:
+    """The summary, the selected settings of a search and the printed tables of ``runs``,
+    logged to the parent run."""
+    seeds = len(plan.config.seeds)
+    rows = long_rows(runs)
+    summary = summary_rows(rows, plan.targets)
+    printed = format_summary(summary, plan.targets, seeds)
+    selection = select_settings(rows, plan.targets) if len(plan.settings) > 1 else []
+    tables = {"results": rows, "summary": summary}
+    if selection:
+        printed += "\n\n" + format_selection(selection, seeds)
+        tables["selection"] = selection
+    tracker.log_summary(_final_metrics(plan, summary, selection), tables, printed,
+                        curves=curve_points(runs))
+    return summary, selection, printed
 
 
 def _plan(cfg: RunConfig, search: Search | None, say: Callable[[str], None]
