@@ -126,8 +126,11 @@ def test_the_example_method_trains_on_a_two_node_cluster_and_reports_beside_feda
     monkeypatch.chdir(tmp_path)  # nothing of the repository on the workers' paths by accident
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     uri = f"sqlite:///{tmp_path}/mlflow.db"
+    # 2 client actors in a federation: the head's one CPU cannot hold both, so one runs on the
+    # worker whatever node Ray chooses first (with 1 actor, either node may take it)
     common = ["digits-style", "--target", "sketch", "--rounds", "3", "--local-steps", "8",
-              "--seed", "0", "--batch-size", "16", "--clients", "3", "--placement", "spread",
+              "--seed", "0", "--batch-size", "16", "--clients", "3", "--actors", "2",
+              "--placement", "spread",
               "--tracking-uri", uri, "--storage", str(tmp_path / "results"),
               "--experiment", "plugin", "--address"]
     try:
