@@ -27,7 +27,7 @@ from raydg.experiment import ExperimentResult, run_experiment
 from raydg.ledger import DOWN, UP
 from raydg.methods import METHODS
 from raydg.resolve import resolve
-from raydg.results import timing_free
+from raydg.results import FederationResult, timing_free
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -53,23 +53,29 @@ def runs() -> dict[tuple[str, int], ExperimentResult]:
             for name, (cfg, grid) in SEARCHES.items() for actors in (1, 2)}
 
 
+def _assert_same(a: FederationResult, b: FederationResult) -> None:
+    """Bit-identical final weights, curves (timings aside) and selected accuracies."""
+    assert a.global_state.keys() == b.global_state.keys(), a.method
+    for k in a.global_state:
+        np.testing.assert_array_equal(a.global_state[k], b.global_state[k],
+                                      err_msg=f"{a.method}: {k}")
+    assert timing_free(a.history) == timing_free(b.history), a.method
+    assert a.selected == b.selected, a.method
+
+
 @pytest.mark.parametrize("search", list(SEARCHES))
 def test_one_and_two_actors_give_bit_identical_results(runs, search):
     one, two = runs[search, 1].runs, runs[search, 2].runs
     assert [r.method for r in one] == [r.method for r in two]
     for a, b in zip(one, two, strict=True):
-        assert a.global_state.keys() == b.global_state.keys(), a.method
-        for k in a.global_state:
-            np.testing.assert_array_equal(a.global_state[k], b.global_state[k],
-                                          err_msg=f"{a.method}: {k}")
-        assert timing_free(a.history) == timing_free(b.history), a.method
-        assert a.selected == b.selected, a.method
+        _assert_same(a, b)
 
 
 @pytest.mark.parametrize("search", list(SEARCHES))
 def test_every_method_learns(runs, search):
     done = runs[search, 2].runs
-    assert len(done) == len(SEARCHES[search][1][next(iter(SEARCHES[search][1]))])
+    _, grid = SEARCHES[search]
+    assert len(done) == len(next(iter(grid.values())))
     low = {r.method: round(100 * r.last[r.mode], 2) for r in done
            if 100 * r.last[r.mode] < 2 * CHANCE}
     assert not low, f"at most twice chance after {BASE.rounds} rounds: {low}"
@@ -125,11 +131,7 @@ COMPOSITIONS = {**{n: {"method": n} for n in TRAINING},
 
 @pytest.mark.parametrize("label", list(COMPOSITIONS))
 def test_a_checkpoint_continues_to_the_whole_runs_end(round_trips, label):
-    whole, again = round_trips[label]["whole"], round_trips[label]["again"]
-    for k in whole.global_state:
-        np.testing.assert_array_equal(whole.global_state[k], again.global_state[k], err_msg=k)
-    assert timing_free(whole.history) == timing_free(again.history)
-    assert whole.selected == again.selected
+    _assert_same(round_trips[label]["whole"], round_trips[label]["again"])
 
 
 @pytest.mark.parametrize("label", list(COMPOSITIONS))
