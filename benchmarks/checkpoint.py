@@ -36,9 +36,9 @@ import ray
 from raydg import checkpoint
 from raydg.config import RunConfig
 from raydg.datasets import load_dataset
+from raydg.engine.simulation import Simulation
 from raydg.resolve import resolve
-from raydg.runner import Cadence
-from raydg.simulation import Simulation
+from raydg.trials.trial import Cadence
 
 # FedFD-A's paper setting (CAFL summed over features) diverges from scratch on digits: NaN
 # weights would make the equality check below say nothing

@@ -37,7 +37,7 @@ others keep their papers' values (CCST K = 3, gPerXAN lambda = 0.5). Per held-ou
 setting with the best mean source-validation accuracy over the seeds is kept (training-domain
 validation), never the target accuracy. Each (dataset, regime, protocol) is one raydg
 experiment, its federations concurrent Tune trials, tracked in MLflow and exported to a runs
-file (:mod:`raydg.rows`) in ``docs/fidelity-rows/``.
+file (:mod:`raydg.reporting.rows`) in ``docs/fidelity-rows/``.
 
 Statistics: 5 seeds for every method and claim, fixed before any run (the page refuses runs
 files with different seeds: extend all or none). Per claim, the paired difference over seeds
@@ -68,7 +68,8 @@ from typing import Any
 import numpy as np
 
 from raydg.config import RunConfig, Search, apply, load_yaml, split_search
-from raydg.report import find_runs
+from raydg.reporting.rows import StoredRuns
+from raydg.reporting.runs import find_runs
 from raydg.results import (
     METHOD_KEYS,
     first_seen,
@@ -78,7 +79,6 @@ from raydg.results import (
     seed_differences,
     select_settings,
 )
-from raydg.rows import StoredRuns
 
 ROWS = Path("docs/fidelity-rows")
 PAGE = Path("docs/fidelity.md")
@@ -194,12 +194,12 @@ def run_ablation(name: str, tracking_uri: str | None, path: Path) -> None:
 def run_and_export(cfg: RunConfig, search: Search, path: Path, about: dict[str, Any],
                    resume: str | None = None) -> None:
     """Run the experiment, tracked in MLflow, then write its federations' runs to the runs
-    file ``path`` (:mod:`raydg.rows`) with ``about`` and the machine."""
+    file ``path`` (:mod:`raydg.reporting.rows`) with ``about`` and the machine."""
     from mlflow import MlflowClient
 
     from raydg.experiment import run_experiment
-    from raydg.rows import export
-    from raydg.tracking import tracking_uri as store_uri
+    from raydg.reporting.rows import export
+    from raydg.tracking.store import tracking_uri as store_uri
 
     result = run_experiment(cfg, search, out=lambda line: print(line) if not line.startswith(
         "[") or "warning" in line else None, resume=resume)
@@ -446,7 +446,15 @@ def page(rows_dir: Path, shown: Path = ROWS) -> str:
            "source validation over the seeds (never by target accuracy). A method's name "
            "carries, in brackets, its selected options that are not its paper's. "
            "[fidelity-ablations.md](fidelity-ablations.md) explains, by an ablation or a "
-           "diagnostic each, the orderings that do not hold.", ""]
+           "diagnostic each, the orderings that do not hold.", "",
+           "Regimes (the federations' initial weights): *scratch*, a seeded initialisation; "
+           "*glyphs* (`--weights glyphs`), a central pretraining on rendered letters that "
+           "draws both ink polarities, striped and noisy backgrounds and ±25° rotations: not "
+           "target images, but the style families of held-out domains (colour-inverted, "
+           "texture, the rotations), a favourable start; *neutral* (`--weights "
+           "glyphs-neutral`), the same letters upright, the ink always lighter than a plain "
+           "background. Every claim is shown in each regime; the paragraph under *Verdicts "
+           "by regime* says where glyphs and neutral disagree.", ""]
     if missing:
         out += [f"**Not yet run** (dataset regime protocol): {'; '.join(missing)}.", ""]
     out += ["## The papers' orderings", "",
@@ -535,7 +543,7 @@ DIAGNOSTICS = {"domain-styles": domain_styles, "amplitude-change": amplitude_cha
 def pages() -> dict[Path, str]:
     """Both pages, from the runs files in ROWS (ablations in ROWS/ablations) and the
     diagnostics of the data."""
-    from raydg.pages import render
+    from raydg.reporting.pages import render
 
     return {PAGE: page(ROOT / ROWS), ABLATIONS: render(
         (ROOT / TEMPLATE).read_text(), ROOT / ROWS, ROWS, DIAGNOSTICS)}

@@ -12,7 +12,7 @@ contexts (empty localStorage, as a first visit):
 * ``default.png``: the same experiment without ``workflowType``: what MLflow opens by default;
 * ``child-metrics.png``: a child run (a federation) on its Model metrics tab, the whole page;
   the charts' sections and titles are printed in the order the page shows them; checks that
-  the first section is the accuracy and loss curves (``raydg.tracking.CURVES``).
+  the first section is the accuracy and loss curves (``raydg.tracking.tracker.CURVES``).
 
 Screenshots go to ``--out`` (default ``mlflow-ui-screens/``). Exit 1 if a check fails.
 
@@ -42,7 +42,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from raydg.tracking import CURVES
+from raydg.tracking.tracker import CURVES
 
 BIN = Path(sys.executable).parent
 LINK = re.compile(r"http://[\w.-]+:\d+/#/experiments/(\d+)\?workflowType=machine_learning")

@@ -3,24 +3,25 @@
 One digits workload (digits-style, held-out ``sketch``, 30 Dirichlet-0.1 clients, 10 sampled per
 round, 20 local steps, 10 rounds) is run four ways in one script run:
 
-* ``bare``: no Ray. All clients in one in-process :class:`raydg.client.ClientHost`; the same
+* ``bare``: no Ray. All clients in one in-process :class:`raydg.engine.client.ClientHost`; the same
   seeded model init, client sampling, local training, n_k-weighted aggregation in client-id order
   and per-round evaluation (clients' validation splits and the target domain) as
-  :meth:`raydg.simulation.Simulation.run`. Run before Ray starts.
+  :meth:`raydg.engine.simulation.Simulation.run`. Run before Ray starts.
 * ``bare, 2 at once``: two bare loops in two processes at the same time. Their steady round
   against one loop alone gives the machine's own ceiling for two workers (memory bandwidth,
   shared caches, a VM's neighbours): ceiling = 2 x bare / (bare, 2 at once).
-* ``raydg x1`` and ``raydg x2``: :class:`raydg.simulation.Simulation` with 1 and 2 client actors
-  (1 CPU each), in one local Ray session with 2 CPUs. The target-domain evaluation runs in a
-  thread of the driver (this process), so with one actor it may overlap on the spare core.
+* ``raydg x1`` and ``raydg x2``: :class:`raydg.engine.simulation.Simulation` with 1 and 2
+  client actors (1 CPU each), in one local Ray session with 2 CPUs. The target-domain evaluation
+  runs in a thread of the driver (this process), so with one actor it may overlap on the spare
+  core.
 
 Printed: start-up seconds (building clients, hosts or actors and the evaluator, plus round 1's
 excess over the steady state) and steady-state seconds per round (median of rounds 2..R), then
 overhead = raydg x1 / bare - 1 (target < 5 %) and speed-up = raydg x1 / raydg x2 (target >= 1.9x
 on a 2-core machine) beside the ceiling, each marked PASS or MISS; these are measurements and do
 not change the exit status. Then where raydg's steady rounds go (medians of the per-round
-``time/*`` metrics, see :meth:`raydg.simulation.Simulation._phase_times`): training wall time,
-the clients' own training seconds per actor, their difference (actors idle: stragglers,
+``time/*`` metrics, see :meth:`raydg.engine.simulation.Simulation._phase_times`): training wall
+time, the clients' own training seconds per actor, their difference (actors idle: stragglers,
 dispatch, the previous round's validation queued first), aggregation, source validation,
 target evaluation and the driver's wait for them. Last, the cores each raydg run keeps busy:
 the machine's busy CPU seconds per round (rounds 3..R, between the reports of rounds 1 and
@@ -53,14 +54,14 @@ import torch
 
 from raydg import seeding
 from raydg import state as st
-from raydg.client import ClientHost, Evaluator, RuntimeSpec
 from raydg.config import RunConfig, clients_per_round
 from raydg.datasets import MultiDomainDataset, load_dataset
+from raydg.engine.client import ClientHost, Evaluator, RuntimeSpec
+from raydg.engine.simulation import Simulation
 from raydg.methods import METHODS
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
 from raydg.resolve import resolve
-from raydg.simulation import Simulation
 
 OVERHEAD_TARGET = 0.05
 SPEEDUP_TARGET = 1.9
@@ -280,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"MISMATCH: final global weights of {sorted(set(bad_state))} differ from bare")
     else:
         print(f"final global weights: bit-identical across all {len(others) + 1} runs "
-              f"({len(reference.state)} tensors)")
+              f"({len(reference.state)} tensors); digest with the metrics "
+              f"{st.digest(reference.state, reference.metrics)}")
     if bad_metrics:
         worst = max(d for _, d in diffs)
         print(f"WARNING: per-round metrics ({', '.join(METRICS)}) of {sorted(set(bad_metrics))} "

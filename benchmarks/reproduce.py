@@ -28,7 +28,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raydg import config as config_mod
-from raydg.reproduction import COMPOSED, Goal, export_rows, merge, page, read_rows, write_rows
+from raydg.reporting.reproduction import (
+    COMPOSED,
+    Goal,
+    export_rows,
+    merge,
+    page,
+    paper_numbers,
+    read_rows,
+    write_rows,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = Path("configs/csac-rotmnist.yaml")
@@ -42,7 +51,7 @@ SEEDS = 5  # CSAC §4.1: "five runs with random seeds"
 
 def render() -> str:
     """docs/reproduction.md from the committed rows and the paper config."""
-    paper = config_mod.paper_numbers(config_mod.load_yaml(str(ROOT / CONFIG)), str(CONFIG))
+    paper = paper_numbers(config_mod.load_yaml(str(ROOT / CONFIG)), str(CONFIG))
     return page(read_rows(ROOT / ROWS), paper, NAMES, GOALS, SEEDS, str(ROWS),
                 "python benchmarks/reproduce.py page", str(CONFIG))
 
@@ -52,9 +61,9 @@ def protocol(values: dict[str, object], variant: dict[str, str]
     """(method, augment, aggregation) -> every result-relevant MLflow param of the config
     with ``variant``'s settings applied, resolved for them."""
     from raydg.config import NOT_RESULTS, RunConfig
-    from raydg.report import ROW_KEYS
+    from raydg.reporting.runs import ROW_KEYS
     from raydg.resolve import resolve
-    from raydg.tracking import flat_params
+    from raydg.tracking.tracker import flat_params
 
     keys = {k: v for k, v in values.items() if k not in config_mod.FILE_SECTIONS}
 
@@ -76,7 +85,7 @@ def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
     from mlflow import MlflowClient
 
     from raydg.config import RunConfig
-    from raydg.report import find_runs
+    from raydg.reporting.runs import find_runs
 
     client = MlflowClient(tracking_uri)
     values = config_mod.load_yaml(str(ROOT / CONFIG))

@@ -32,8 +32,8 @@ import ray
 
 from raydg.config import RunConfig
 from raydg.datasets import load_dataset
+from raydg.engine.simulation import Simulation
 from raydg.resolve import resolve
-from raydg.simulation import Simulation
 
 
 def run(n: int, rounds: int, data) -> dict[str, Any]:

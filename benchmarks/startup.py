@@ -50,7 +50,7 @@ from raydg import config as config_mod
 from raydg.config import RunConfig
 from raydg.experiment import ExperimentResult, run_experiment
 from raydg.results import FederationResult, timing_free
-from raydg.tracking import check_store
+from raydg.tracking.store import check_store
 
 WALL_GOAL, FIRST_ROUND_GOAL = 1.15, 1.5
 # name: (reuse actors, Ray started before the experiment)
@@ -76,6 +76,16 @@ def figures(wall: float, result: ExperimentResult) -> dict[str, Any]:
             "at_once": at_once, **{f"first_round_over_steady_{k}": statistics.median(v)
                                    for k, v in first.items() if v},
             **{f"federations_{k}": len(v) for k, v in first.items()}}
+
+
+def digest(result: ExperimentResult) -> str:
+    """One digest of every federation's final weights and timing-free metrics (imported
+    here: this script's process must not hold torch while it measures)."""
+    from raydg import state as st
+
+    return st.digest({f"{i}/{k}": v for i, r in enumerate(result.runs)
+                      for k, v in r.global_state.items()},
+                     [row for r in result.runs for row in timing_free(r.history)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,9 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"MISMATCH: {', '.join(bad)}")
     elif others:
         print(f"results: bit-identical for all {len(results[first].runs)} federations, "
-              f"{len(variants)} runs")
+              f"{len(variants)} runs; digest {digest(results[first])}")
     else:
-        print("results: one run, nothing to compare")
+        print(f"results: one run, nothing to compare; digest {digest(results[first])}")
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)

@@ -21,7 +21,7 @@ def __getattr__(name: str) -> Any:
 
         return load_model
     if name == "Interrupted":
-        from raydg.runner import Interrupted
+        from raydg.trials.tuner import Interrupted
 
         return Interrupted
     raise AttributeError(f"module 'raydg' has no attribute {name!r}")

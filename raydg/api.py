@@ -89,14 +89,14 @@ def read_report(*, tracking_uri: str | None = None, experiment: str | Sequence[s
     ``steps`` (local steps per client). Reads the store only: no Ray, no engine."""
     from mlflow import MlflowClient
 
-    from raydg import report as report_mod
-    from raydg.tracking import tracking_uri as store_uri
+    from raydg.reporting import runs as runs_mod
+    from raydg.tracking.store import tracking_uri as store_uri
 
     experiments = [experiment] if isinstance(experiment, str) else list(experiment)
     client = MlflowClient(store_uri(RunConfig(tracking_uri=tracking_uri)))
-    runs = report_mod.find_runs(client, experiments, dataset, methods, filter_string)
-    out = [{"table": i + 1, **row} for i, t in enumerate(report_mod.tables(runs, selection))
-           for row in report_mod.long_rows(t.runs, selection)]
+    runs = runs_mod.find_runs(client, experiments, dataset, methods, filter_string)
+    out = [{"table": i + 1, **row} for i, t in enumerate(runs_mod.tables(runs, selection))
+           for row in runs_mod.long_rows(t.runs, selection)]
     if not out:
         raise RaydgError(f"no finished raydg runs match in {client.tracking_uri}")
     return _table(out)

@@ -108,8 +108,9 @@ def _sha256(data: bytes) -> str:
 
 
 def write(folder: Path, state: dict[str, Any], config: dict[str, Any]) -> None:
-    """Write ``state`` (a federation's, see :meth:`raydg.simulation.Simulation.snapshot`) into
-    the empty folder ``folder``; the manifest last."""
+    """Write ``state`` (a federation's, see
+    :meth:`raydg.engine.simulation.Simulation.snapshot`) into the empty folder ``folder``; the
+    manifest last."""
     arrays: dict[str, np.ndarray] = {}
     tree = {"format": FORMAT, "config": config_hash(config), "state": _pack(state, arrays)}
     buffer = io.BytesIO()

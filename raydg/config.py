@@ -360,22 +360,6 @@ def split_search(values: dict[str, Any]) -> tuple[dict[str, Any], Search]:
     return rest, parse_search(values.get("grid"), values.get("random"))
 
 
-def paper_numbers(values: dict[str, Any], where: str) -> dict[str, Any]:
-    """A config file's ``paper`` section, checked: ``source``, ``selection`` (selected, last
-    or oracle: how the paper picked the model it reports) and ``accuracy``
-    (``{method label: {domain or Avg: percent}}``)."""
-    paper = values.get("paper")
-    ok = (isinstance(paper, dict) and isinstance(paper.get("source"), str)
-          and paper.get("selection") in ("selected", "last", "oracle")
-          and isinstance(paper.get("accuracy"), dict)
-          and all(isinstance(row, dict) and all(isinstance(v, int | float) for v in row.values())
-                  for row in paper["accuracy"].values()))
-    if not ok:
-        raise RaydgError(f"{where} has no valid 'paper' section (source, selection: "
-                         "selected|last|oracle, accuracy: {method: {domain: percent}})")
-    return paper
-
-
 def parse_grid(pairs: tuple[str, ...] | list[str]) -> dict[str, list[Any]]:
     """``["lr=0.01,0.02", "options.mu=[0.1]"]`` -> ``{"lr": [0.01, 0.02], "options.mu": [0.1]}``
     (each value parsed as YAML)."""

@@ -1,13 +1,11 @@
 """A whole experiment: every held-out target x every seed (x every searched setting), run as
-concurrent Ray Tune trials (:mod:`raydg.runner`), tracked and summarised."""
+concurrent Ray Tune trials (:mod:`raydg.trials`), tracked and summarised."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import re
-import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import ray
 
-from raydg import local_ray, plugins, reaper
+from raydg import plugins
+from raydg.cluster import cluster_address, ray_session
 from raydg.config import RunConfig, Search, setting_label, to_dict
 from raydg.datasets import DATASETS, MultiDomainDataset, load_dataset, resolve_root
 from raydg.datasets.cache import cache_root
@@ -35,19 +33,18 @@ from raydg.results import (
     select_settings,
     summary_rows,
 )
-from raydg.runner import (
+from raydg.signals import say_stopped, tell_parent
+from raydg.tracking.store import check_store, tracking_uri
+from raydg.tracking.tracker import Tracker
+from raydg.trials.resources import fit_actors
+from raydg.trials.storage import (
     check_storage,
     experiment_dir,
-    fit_actors,
     read_manifest,
-    run_federations,
     verify_checkpoints,
     write_manifest,
 )
-from raydg.signals import say_stopped, stop_on_sigterm, tell_parent
-from raydg.tracking import Tracker, check_store, tracking_uri
-
-CONNECT_TIMEOUT = 5.0  # seconds to reach a named Ray cluster before giving up
+from raydg.trials.tuner import run_federations
 
 
 @dataclass
@@ -62,84 +59,6 @@ class ExperimentResult:
     @property
     def config(self) -> RunConfig:
         return self.plan.config
-
-
-def cluster_address(cfg: RunConfig) -> str | None:
-    """The Ray cluster to join: ``cfg.address``, else ``RAY_ADDRESS``; None for a fresh local
-    Ray (``local`` asks for one even inside a Ray job, where ``RAY_ADDRESS`` is set)."""
-    address = cfg.address or os.environ.get("RAY_ADDRESS")
-    return None if address == "local" else address
-
-
-def check_reachable(address: str) -> None:
-    """Refuse a ``host:port`` cluster address that does not answer (``ray.init`` would retry
-    for minutes)."""
-    host, _, port = address.split("://")[-1].rpartition(":")
-    if not host or not port.isdigit():
-        raise RaydgError(f"--address {address!r} is not 'auto', 'local' or HOST:PORT")
-    try:
-        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT).close()
-    except OSError as err:
-        raise RaydgError(f"cannot reach the Ray cluster at {address}: {err}") from None
-
-
-@contextlib.contextmanager
-def _outside_job(fresh: bool) -> Iterator[None]:
-    """For a fresh local Ray (``fresh``) inside a Ray job (``raydg doctor`` from
-    jobs/smoke.sh): hide the job's runtime environment from ``ray.init``, which would give it to
-    the new Ray, whose nodes cannot fetch the job's packages (its working_dir is a ``gcs://``
-    URI of the cluster). The new Ray's workers import from the job's working directory, the
-    driver's current directory, instead; its environment variables are this process's."""
-    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR as NAME
-
-    hidden = os.environ.pop(NAME, None) if fresh else None
-    try:
-        yield
-    finally:
-        if hidden is not None:
-            os.environ[NAME] = hidden
-
-
-@contextlib.contextmanager
-def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None,
-                say: Callable[[str], None] = print
-                ) -> Iterator[tuple[bool, list[Callable[[], None]]]]:
-    """Use the running Ray session, join ``cfg.address`` (or ``RAY_ADDRESS``; ``auto``: the
-    cluster that ``ray start`` started last on this machine), or start a local Ray (and finally
-    stop what was started or joined). Yields whether no cluster was named, i.e. whether the Ray
-    in use is this machine's own, and the list of what records a stop the moment SIGTERM
-    arrives (:func:`raydg.signals.stop_on_sigterm`). The ``shipped`` plugins go to every
-    worker; those from files need a Ray that raydg starts or joins. A local Ray runs only the
-    processes raydg uses (:func:`raydg.local_ray.lean`), or with ``cfg.dashboard`` all of
-    Ray's and its dashboard, whose address goes to ``say``."""
-    address = cluster_address(cfg)
-    if address and address != "auto":
-        check_reachable(address)
-    if ray.is_initialized():
-        if any(p.file for p in shipped or ()):
-            raise RaydgError("plugin files need a Ray that raydg starts or joins, to ship "
-                             "them to its workers; this process started Ray itself: "
-                             "ray.shutdown() first")
-        yield address is None, []
-        return
-    try:  # "local": a fresh Ray, never a stale one that `ray start` left in /tmp/ray
-        dashboard = address is None and cfg.dashboard
-        with _outside_job(address is None), local_ray.lean(address is None, dashboard):
-            context = ray.init(address=address or "local", include_dashboard=dashboard,
-                               logging_level="ERROR", log_to_driver=False,  # Ray's log files
-                               runtime_env=plugins.runtime_env(shipped or []))
-    except ConnectionError as err:
-        raise RaydgError(f"cannot join a Ray cluster at {address}: {err}") from None
-    if dashboard:
-        token = " (token: ray get-auth-token)" if os.environ.get("RAY_AUTH_MODE") == "token" else ""
-        say(f"raydg: Ray dashboard at http://{context.dashboard_url}{token}")
-    if address is None:
-        reaper.watch()  # this machine's Ray ends with raydg, however raydg ends
-    try:
-        with stop_on_sigterm() as on_stop:
-            yield address is None, on_stop
-    finally:
-        ray.shutdown()
 
 
 @contextlib.contextmanager
@@ -347,7 +266,7 @@ def ui_link(experiment_id: str, ui: str = "http://127.0.0.1:5000") -> str:
 
 def curve_points(runs: list[FederationResult]) -> list[dict[str, Any]]:
     """Every round's target and source-validation accuracy of every federation, for
-    :func:`raydg.results.plot_curves`."""
+    :func:`raydg.plots.plot_curves`."""
     return [{"method": " ".join([r.method, *([setting_label(r.setting)] if r.setting else [])]),
              "target": r.target, "seed": r.seed, "round": int(h["round"]),
              **in_percent({"target_acc": h["target_acc"],

@@ -2,7 +2,7 @@
 against its data; plain data, no torch (the process that runs an experiment holds no model).
 
 A *federation* is one held-out target domain x one seed x one setting of the searched keys; each
-becomes one Ray Tune trial (:mod:`raydg.runner`). The planning step that makes a plan resolves
+becomes one Ray Tune trial (:mod:`raydg.trials`). The planning step that makes a plan resolves
 names against the registries: :mod:`raydg.resolve`.
 """
 

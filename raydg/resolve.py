@@ -91,15 +91,17 @@ def _check(ok: bool, message: str) -> None:
 
 
 def validate(cfg: RunConfig) -> None:
+    """Refuse a config whose values are out of range or name no known choice."""
+    _check_ranges(cfg)
+    _check_federation(cfg)
+    _check_choices(cfg)
+
+
+def _check_ranges(cfg: RunConfig) -> None:
     for field in dataclasses.fields(cfg):  # NaN or an infinity passes every range check
         value = getattr(cfg, field.name)
         _check(not isinstance(value, float) or math.isfinite(value),
                f"{field.name} must be a finite number, got {value}")
-    spec = DATASETS.get(cfg.dataset)
-    _check(cfg.target == "all" or cfg.target in spec.domains,
-           f"unknown target domain {cfg.target!r} for {spec.name}; "
-           f"choose one of {', '.join(spec.domains)} or 'all'")
-    _check(len(cfg.seeds) > 0, "at least one seed is needed")
     for key in ("rounds", "local_steps", "batch_size", "val_every", "validate_every",
                 "eval_batch_size", "image_size"):
         _check(getattr(cfg, key) > 0, f"{key} must be positive, got {getattr(cfg, key)}")
@@ -107,6 +109,23 @@ def validate(cfg: RunConfig) -> None:
     _check(cfg.momentum is None or 0 <= cfg.momentum < 1,
            f"momentum must be in [0, 1), got {cfg.momentum}")
     _check(cfg.weight_decay >= 0, f"weight_decay must be >= 0, got {cfg.weight_decay}")
+    _check(cfg.actors is None or cfg.actors > 0, f"actors must be positive, got {cfg.actors}")
+    _check(cfg.cpus_per_actor > 0, "cpus_per_actor must be positive")
+    _check(cfg.gpus_per_actor >= 0, "gpus_per_actor must be >= 0")
+    _check(cfg.checkpoint_every is None or cfg.checkpoint_every > 0,
+           f"checkpoint_every must be positive, got {cfg.checkpoint_every}")
+    _check(cfg.max_failures >= 0, f"max_failures must be >= 0, got {cfg.max_failures}")
+    _check(cfg.max_concurrent is None or cfg.max_concurrent > 0,
+           f"max_concurrent must be positive, got {cfg.max_concurrent}")
+
+
+def _check_federation(cfg: RunConfig) -> None:
+    """The held-out domain, the seeds, the clients and their validation split."""
+    spec = DATASETS.get(cfg.dataset)
+    _check(cfg.target == "all" or cfg.target in spec.domains,
+           f"unknown target domain {cfg.target!r} for {spec.name}; "
+           f"choose one of {', '.join(spec.domains)} or 'all'")
+    _check(len(cfg.seeds) > 0, "at least one seed is needed")
     _check(cfg.clients is None or cfg.clients > 0, f"clients must be positive, got {cfg.clients}")
     _check(cfg.dirichlet is None or cfg.dirichlet > 0,
            f"--dirichlet alpha must be positive, got {cfg.dirichlet}")
@@ -127,24 +146,14 @@ def validate(cfg: RunConfig) -> None:
         cfg.validate_clients.isdigit() and int(cfg.validate_clients) > 0),
            f"validate_clients must be all, sampled or a positive number of clients, got "
            f"{cfg.validate_clients!r}")
-    _check(cfg.agg_weights in ("samples", "uniform"),
-           f"agg_weights must be 'samples' or 'uniform', got {cfg.agg_weights!r}")
-    _check(cfg.actors is None or cfg.actors > 0, f"actors must be positive, got {cfg.actors}")
-    _check(cfg.train_transform in TRANSFORMS,
-           f"train_transform must be one of {', '.join(TRANSFORMS)}, got {cfg.train_transform!r}")
-    _check(cfg.cpus_per_actor > 0, "cpus_per_actor must be positive")
-    _check(cfg.gpus_per_actor >= 0, "gpus_per_actor must be >= 0")
-    _check(cfg.optimizer in OPTIMIZERS,
-           f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {cfg.optimizer!r}")
-    _check(cfg.lr_schedule in LR_SCHEDULES,
-           f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {cfg.lr_schedule!r}")
-    _check(cfg.checkpoint_every is None or cfg.checkpoint_every > 0,
-           f"checkpoint_every must be positive, got {cfg.checkpoint_every}")
-    _check(cfg.max_failures >= 0, f"max_failures must be >= 0, got {cfg.max_failures}")
-    _check(cfg.max_concurrent is None or cfg.max_concurrent > 0,
-           f"max_concurrent must be positive, got {cfg.max_concurrent}")
-    _check(cfg.placement in PLACEMENTS,
-           f"placement must be one of {', '.join(PLACEMENTS)}, got {cfg.placement!r}")
+
+
+def _check_choices(cfg: RunConfig) -> None:
+    for key, choices in (("agg_weights", ("samples", "uniform")),
+                         ("train_transform", TRANSFORMS), ("optimizer", OPTIMIZERS),
+                         ("lr_schedule", LR_SCHEDULES), ("placement", PLACEMENTS)):
+        value = getattr(cfg, key)
+        _check(value in choices, f"{key} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def _method(cfg: RunConfig, method: Method | None) -> tuple[type[Method], Any]:

@@ -71,7 +71,7 @@ def load_model(run_id: str, tracking_uri: str | None = None,
 
     from raydg.config import RunConfig
     from raydg.errors import RaydgError
-    from raydg.tracking import tracking_uri as store_uri
+    from raydg.tracking.store import tracking_uri as store_uri
 
     if which not in ("selected", "final"):
         raise RaydgError(f"which={which!r}: 'selected' or 'final'")

@@ -102,7 +102,7 @@ def stopped_and_restored(cfg: RunConfig, data, after_round: int, folder):
     """The federation run whole, and run again but stopped after ``after_round``'s evaluation
     with a checkpoint in ``folder`` and restored from it: (whole, restored, the checkpoint)."""
     from raydg import checkpoint
-    from raydg.simulation import Simulation
+    from raydg.engine.simulation import Simulation
 
     whole = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None).run()
     sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)

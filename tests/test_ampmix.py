@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from raydg.datasets import load_dataset
+from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, ClientContext, method_class
 from raydg.methods.ampmix import (
@@ -20,7 +21,6 @@ from raydg.methods.ampmix import (
     mix_amplitude,
 )
 from raydg.partition import ClientData
-from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 
 

@@ -9,15 +9,15 @@ import torch
 from torch import nn
 
 from raydg import state
-from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
+from raydg.engine.client import ClientHost, RuntimeSpec
+from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, method_class
 from raydg.methods.ccst import PixelCoder, StyleTransfer, VGGCoder, _convs, adain, augment
 from raydg.models import ModelSpec
 from raydg.partition import ClientData, make_clients
 from raydg.resolve import method_label
-from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 
 PIXEL = StyleTransfer(PixelCoder(), torch.device("cpu"), None)

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from raydg import checkpoint
-from raydg.client import ClientState
 from raydg.datasets import load_dataset
+from raydg.engine.client import ClientState
+from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.partition import ClientData
 from raydg.results import timing_free
-from raydg.simulation import Simulation
 from tests.conftest import stopped_and_restored, tiny_config
 
 CONFIG = {"dataset": "digits-style", "rounds": 3, "actors": 2, "storage": "/a"}
@@ -58,7 +58,7 @@ def test_a_check_reads_no_state_and_a_read_needs_the_types_registered(tmp_path):
     checkpoint.write(tmp_path / "c", _state(), CONFIG)
     code = ("import sys; from pathlib import Path; from raydg import checkpoint; "
             f"checkpoint.check(Path({str(tmp_path / 'c')!r}), {CONFIG!r}); "
-            "print(sorted(m for m in ('torch', 'raydg.client') if m in sys.modules)); "
+            "print(sorted(m for m in ('torch', 'raydg.engine.client') if m in sys.modules)); "
             f"checkpoint.read(Path({str(tmp_path / 'c')!r}), {CONFIG!r})")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.stdout.strip() == "[]", out.stderr[-2000:]

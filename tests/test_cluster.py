@@ -24,7 +24,7 @@ from ray.cluster_utils import Cluster
 
 from raydg.config import RunConfig
 from raydg.experiment import run_experiment
-from raydg.store_backup import restore
+from raydg.tracking.backup import restore
 from tests.conftest import assert_same_as_on_a_local_ray, free_ports, wait_for_head
 
 ROOT = Path(__file__).resolve().parents[1]

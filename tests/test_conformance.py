@@ -22,9 +22,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raydg import checkpoint
 from raydg.config import RunConfig, Search
+from raydg.engine.ledger import DOWN, UP
 from raydg.errors import RaydgError
 from raydg.experiment import ExperimentResult, run_experiment
-from raydg.ledger import DOWN, UP
 from raydg.methods import METHODS
 from raydg.resolve import resolve
 from raydg.results import FederationResult, timing_free
@@ -92,7 +92,7 @@ def round_trips() -> dict[str, dict[str, Any]]:
             """``cfg``'s federation run whole, writing a checkpoint after round 2; then a new
             federation restored from it and run to the end."""
             from raydg.datasets import load_dataset
-            from raydg.simulation import Simulation
+            from raydg.engine.simulation import Simulation
 
             data = load_dataset(cfg.dataset, None, cfg.image_size)
             config = dataclasses.asdict(cfg)

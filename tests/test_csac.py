@@ -10,8 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from raydg import state
-from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
+from raydg.engine.client import ClientHost, RuntimeSpec
+from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
 from raydg.methods.csac import (
@@ -25,8 +26,7 @@ from raydg.methods.csac import (
 )
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
-from raydg.results import plot
-from raydg.simulation import Simulation
+from raydg.plots import plot
 from tests.conftest import tiny_config
 
 # three clients' 2-d "layers"; their mean is (1, 1)

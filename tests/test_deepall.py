@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from raydg import state
-from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
+from raydg.engine.client import ClientHost, RuntimeSpec
+from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
 from raydg.methods.deepall import DeepAll
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
-from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 
 

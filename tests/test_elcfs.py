@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from raydg.datasets import load_dataset
+from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, ClientContext
 from raydg.methods.ampmix import BANK
 from raydg.partition import ClientData
-from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 from tests.test_ampmix import _flat_bank
 

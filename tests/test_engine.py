@@ -11,14 +11,14 @@ import ray
 import torch
 
 from raydg import seeding, state
-from raydg.actors import balanced_groups
-from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
+from raydg.engine.actors import balanced_groups
+from raydg.engine.client import ClientHost, RuntimeSpec
+from raydg.engine.simulation import Simulation
 from raydg.methods import Method, method_class
 from raydg.models import ModelSpec
 from raydg.partition import make_clients, plan_clients
 from raydg.results import steps_per_client, timing_free
-from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")

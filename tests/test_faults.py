@@ -24,7 +24,7 @@ from ray.tune import ExperimentAnalysis
 from raydg.config import RunConfig
 from raydg.experiment import run_experiment
 from raydg.results import timing_free
-from raydg.runner import Interrupted
+from raydg.trials.tuner import Interrupted
 
 TINY = {"dataset": "digits-style", "target": "sketch", "method": "fedbn", "clients": 4,
         "rounds": 6, "local_steps": 6, "batch_size": 16, "val_every": 2, "seeds": [0],
@@ -297,7 +297,7 @@ def test_resuming_into_a_store_without_the_experiments_run_is_one_line(tmp_path,
 
     from raydg.cli import cli
     from raydg.config import to_dict
-    from raydg.runner import write_manifest
+    from raydg.trials.storage import write_manifest
 
     cfg = RunConfig(dataset="digits-style", target="sketch", rounds=1, local_steps=2,
                     tracking_uri=f"sqlite:///{tmp_path}/empty.db", storage=str(tmp_path))

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from raydg import state
-from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
+from raydg.engine.client import ClientHost, RuntimeSpec
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
 from raydg.methods.fedfd import MixBN, bn_mode, mix_layers, set_reference
@@ -248,7 +248,7 @@ def test_adapter_parameter_count_matches_table_4():
 
 
 def test_fedfd_a_runs_on_ray_and_reports_every_inference_mode(ray_session):
-    from raydg.simulation import Simulation
+    from raydg.engine.simulation import Simulation
 
     cfg = tiny_config(method="fedfd-a", rounds=2, local_steps=2, clients=4, actors=2)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
@@ -307,7 +307,7 @@ def test_alpha_analysis_reports_clamped_eps_per_layer_and_image(eps_bias, expect
     assert [r["layer"] for r in rows[::7]] == [name for name, _ in layers]
     assert all(r["alpha"] == pytest.approx(expected) for r in rows)
     assert all(m.record is None for _, m in layers)
-    from raydg.results import plot
+    from raydg.plots import plot
 
     plot(rows, ("box", "layer", "alpha"), tmp_path / "alpha.png")
     assert (tmp_path / "alpha.png").read_bytes()[:4] == b"\x89PNG"

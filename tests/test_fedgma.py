@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from raydg.datasets import load_dataset
+from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, Upload, method_class
 from raydg.methods.fedgma import FedGMA
-from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 
 GLOBAL = {"conv.weight": np.ones(4, np.float32),

@@ -12,14 +12,14 @@ from click.testing import CliRunner
 from torch import nn
 
 from raydg.cli import cli
-from raydg.client import ClientHost, Evaluator, RuntimeSpec
 from raydg.datasets import load_dataset
+from raydg.engine.client import ClientHost, Evaluator, RuntimeSpec
+from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, ClientContext, method_class
 from raydg.methods.fedsr import PREDICT_SEED, FedSR, GaussianNet, cmi_term
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
-from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 
 SPEC = ModelSpec("cnn", 3, 10, 16)

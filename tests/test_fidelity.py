@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from raydg import rows
+from raydg.reporting import rows
 from tests.conftest import load_benchmark
 
 fidelity = load_benchmark("fidelity")

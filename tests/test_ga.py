@@ -8,11 +8,11 @@ from click.testing import CliRunner
 
 from raydg.cli import cli
 from raydg.datasets import load_dataset
+from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, Upload, method_class
 from raydg.methods.ga import GA, adjust, step
 from raydg.results import timing_free
-from raydg.simulation import Simulation
 from tests.conftest import stopped_and_restored, tiny_config
 
 

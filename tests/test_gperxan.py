@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from raydg import state
-from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
+from raydg.engine.client import ClientHost, RuntimeSpec
 from raydg.methods import METHODS
 from raydg.methods.gperxan import IBN, XAN
 from raydg.models import ModelSpec, bn_layers
@@ -157,7 +157,7 @@ def test_xan_weights_are_recorded_each_round():
 
 def test_eval_client_takes_that_clients_bn_side(tmp_path):
     from raydg.methods import Upload
-    from raydg.results import plot
+    from raydg.plots import plot
 
     method = _method(eval_client=1)
     torch.manual_seed(0)

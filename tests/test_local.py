@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from raydg import state
-from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
+from raydg.engine.client import ClientHost, RuntimeSpec
+from raydg.engine.simulation import Simulation
 from raydg.methods import METHODS, Method
 from raydg.methods.local import Local
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
-from raydg.simulation import Simulation
 from tests.conftest import tiny_config
 
 

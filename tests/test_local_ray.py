@@ -1,4 +1,4 @@
-"""A fresh local Ray that raydg starts runs only the processes raydg uses (raydg.local_ray)."""
+"""A fresh local Ray that raydg starts runs only the processes raydg uses (raydg.cluster.lean)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 import ray
 from ray._private import node
 
+from raydg.cluster import ray_session
 from raydg.config import RunConfig
-from raydg.experiment import ray_session
 
 # each process by the marks of its command line (an agent renames itself once it has started)
 NEEDED = {"GCS": ("gcs_server",), "raylet": ("raylet",),

@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from raydg import state
-from raydg.client import ClientHost, RuntimeSpec
 from raydg.datasets import load_dataset
+from raydg.engine.client import ClientHost, RuntimeSpec
 from raydg.methods import METHODS
 from raydg.models import ModelSpec
 from raydg.partition import make_clients

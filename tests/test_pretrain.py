@@ -93,9 +93,9 @@ def test_the_engine_loads_no_weights_it_is_not_given():
     the engine refuses to guess it, before any actor starts."""
     from raydg.config import RunConfig
     from raydg.datasets import load_dataset
+    from raydg.engine.simulation import Simulation
     from raydg.errors import RaydgError
     from raydg.resolve import resolve
-    from raydg.simulation import Simulation
 
     cfg = resolve(RunConfig(dataset="digits-style", target="sketch", weights="glyphs"))
     data = load_dataset(cfg.dataset, None, cfg.image_size)

@@ -24,11 +24,11 @@ from mlflow.artifacts import download_artifacts
 from PIL import Image
 from scipy import stats
 
-from raydg import pages, rows
 from raydg.cli import cli
 from raydg.config import RunConfig
 from raydg.errors import RaydgError
 from raydg.experiment import run_experiment
+from raydg.reporting import pages, rows
 from raydg.results import UNIT_TAG, holm
 from tests.conftest import free_ports
 

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from raydg.errors import RaydgError
-from raydg.report import Run
-from raydg.reproduction import (
+from raydg.reporting.reproduction import (
     Goal,
     cells,
     export_rows,
@@ -20,6 +19,7 @@ from raydg.reproduction import (
     verdict,
     write_rows,
 )
+from raydg.reporting.runs import Run
 from tests.conftest import load_benchmark
 
 ROOT = Path(__file__).resolve().parent.parent

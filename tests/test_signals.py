@@ -16,7 +16,7 @@ from mlflow import MlflowClient
 # before any Python code of raydg records the stop (``os._exit`` from the SIGTERM handler).
 CHILD = textwrap.dedent("""
     import json, os, signal, sys, threading
-    from raydg.cli import _record_stop
+    from raydg.cli.app import _record_stop
     from raydg.signals import detached, tell_parent
 
     told, code = json.loads(sys.argv[1]), int(sys.argv[2])

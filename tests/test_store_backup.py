@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 
 from raydg.errors import RaydgError
-from raydg.store_backup import backup, restore
+from raydg.tracking.backup import backup, restore
 
 
 def _log(db: Path, name: str, value: float) -> None:

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from mlflow import MlflowClient
 
-from raydg import tracking
+from raydg import results
 from raydg.config import RunConfig
 from raydg.errors import TrackingError
 from raydg.resolve import resolve
-from raydg.tracking import Tracker
+from raydg.tracking import tracker as tracker_mod
+from raydg.tracking.tracker import Tracker
 
 
 def _tracker(tmp_path) -> Tracker:
@@ -42,7 +43,7 @@ def _said(caplog) -> list[str]:
 
 
 def test_calls_that_fail_are_kept_in_order_and_retried(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.0)  # each call tries the kept ones again
+    monkeypatch.setattr(tracker_mod, "RETRY_SECONDS", 0.0)  # each call tries the kept ones again
     tracker = _tracker(tmp_path)
     outage, flaky = _flaky(tracker)
 
@@ -69,7 +70,7 @@ def test_calls_that_fail_are_kept_in_order_and_retried(tmp_path, monkeypatch, ca
 
 def test_while_mlflow_is_away_it_is_tried_again_only_every_retry_seconds(tmp_path, monkeypatch,
                                                                          caplog):
-    monkeypatch.setattr(tracking, "REMIND_SECONDS", 0.0)  # each failed retry says so
+    monkeypatch.setattr(tracker_mod, "REMIND_SECONDS", 0.0)  # each failed retry says so
     tracker = _tracker(tmp_path)
     outage, flaky = _flaky(tracker)
     with tracker:
@@ -78,7 +79,7 @@ def test_while_mlflow_is_away_it_is_tried_again_only_every_retry_seconds(tmp_pat
         for rnd in (1, 2, 3):
             tracker.log_round("sketch-s0", {"round": rnd, "val_acc": rnd / 10})
         assert outage["calls"] == 1 and len(tracker.backlog) == 4  # not tried again within 10 s
-        monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.0)
+        monkeypatch.setattr(tracker_mod, "RETRY_SECONDS", 0.0)
         tracker.log_round("sketch-s0", {"round": 4, "val_acc": 0.4})
         assert outage["calls"] == 2 and len(tracker.backlog) == 5  # tried again, still away
         outage["on"] = False
@@ -103,7 +104,7 @@ def test_a_store_gone_for_good_is_an_error_at_the_end(tmp_path):
 
 def test_concurrent_first_runs_create_one_store(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code = f"from raydg.tracking import check_store; check_store({uri!r})"
+    code = f"from raydg.tracking.store import check_store; check_store({uri!r})"
     procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
              for _ in range(3)]
     errors = [p.communicate(timeout=120)[1] for p in procs]
@@ -119,13 +120,13 @@ def test_a_run_resumed_from_an_older_raydg_keeps_its_unit(tmp_path):
         new.log_round("sketch-s0", {"round": 1, "val_acc": 0.5, "train_loss": 2.0})
     client = MlflowClient(new.client.tracking_uri)
     child = client.get_run(new.children["sketch-s0"])
-    assert child.data.tags[tracking.UNIT_TAG] == "percent"
+    assert child.data.tags[results.UNIT_TAG] == "percent"
     assert child.data.metrics == {"val_acc": 50.0, "train_loss": 2.0,
-                                  f"{tracking.CURVES}/val_acc": 50.0,
-                                  f"{tracking.CURVES}/train_loss": 2.0}
-    client.delete_tag(new.run_id, tracking.UNIT_TAG)  # as an older raydg left it
+                                  f"{tracker_mod.CURVES}/val_acc": 50.0,
+                                  f"{tracker_mod.CURVES}/train_loss": 2.0}
+    client.delete_tag(new.run_id, results.UNIT_TAG)  # as an older raydg left it
     with Tracker(new.cfg, "fedavg", run_id=new.run_id) as old:
         old.start_child("sketch-s1", old.cfg, {}, "fedavg")
         old.log_round("sketch-s1", {"round": 1, "val_acc": 0.5})
     child = client.get_run(old.children["sketch-s1"])
-    assert tracking.UNIT_TAG not in child.data.tags and child.data.metrics["val_acc"] == 0.5
+    assert results.UNIT_TAG not in child.data.tags and child.data.metrics["val_acc"] == 0.5

@@ -50,8 +50,8 @@ def test_domainbed_jitter_changes_colours_and_grayscale_appears():
 
 
 def test_train_transform_is_validated_and_reaches_training_batches():
-    from raydg.client import ClientHost, RuntimeSpec
     from raydg.datasets import load_dataset
+    from raydg.engine.client import ClientHost, RuntimeSpec
     from raydg.methods import METHODS
     from raydg.models import ModelSpec
     from raydg.partition import make_clients

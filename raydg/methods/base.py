@@ -144,7 +144,8 @@ def learning_rate(cfg: RunConfig, rnd: int) -> float:
 
 
 class Server(Protocol):
-    """What server-side hooks may use (implemented by :class:`raydg.simulation.Simulation`)."""
+    """What server-side hooks may use (implemented by
+    :class:`raydg.engine.simulation.Simulation`)."""
 
     config: RunConfig
     round: int

@@ -11,12 +11,12 @@ from mlflow import MlflowClient
 
 from raydg.config import RunConfig, parse_search
 from raydg.datasets import load_dataset
+from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.experiment import run_experiment
 from raydg.resolve import plan_experiment
 from raydg.results import timing_free
-from raydg.runner import _root_cause
-from raydg.simulation import Simulation
+from raydg.trials.tuner import _root_cause
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -168,13 +168,13 @@ def test_a_trials_user_error_is_found_under_rays_wrappers():
 
 
 def test_progress_estimates_the_work_left_over_the_running_federations(monkeypatch):
-    import raydg.runner as runner
+    import raydg.trials.progress as progress_mod
 
     clock = iter([0.0, 0.0, 12.0, 13.0])  # two trials start; their first rounds end at 12, 13 s
-    monkeypatch.setattr(runner.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(progress_mod.time, "perf_counter", lambda: next(clock))
     plan = plan_experiment(RunConfig(dataset="digits-style", rounds=4, seeds=[0]))
     lines: list[str] = []
-    progress = runner.Progress(plan.federations, lines.append, status_every=2)  # 4 feds x 4
+    progress = progress_mod.Progress(plan.federations, lines.append, status_every=2)  # 4 feds x 4
     a, b = plan.federations[:2]
     progress.start(a.key)
     progress.start(b.key)

@@ -9,7 +9,7 @@ with its persistent state while its new actor maps the same shard, so nothing is
 Results never depend on placement: every client's randomness is its own and aggregation runs
 in client-id order.
 
-Inside a Tune trial (:mod:`raydg.runner`) the n client actors take the last n bundles of the
+Inside a Tune trial (:mod:`raydg.trials`) the n client actors take the last n bundles of the
 trial's placement group, one each, so a federation holds exactly what its trial reserved and never
 starves another; outside a trial (tests, benchmarks) actors are placed freely. A federation that
 finishes inside a trial parks its actors in their bundles: Tune runs the next federation of the
@@ -27,8 +27,8 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from raydg.client import ClientHost, RuntimeSpec
 from raydg.config import RunConfig
+from raydg.engine.client import ClientHost, RuntimeSpec
 from raydg.methods import Upload
 from raydg.partition import ClientData
 

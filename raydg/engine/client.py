@@ -1,4 +1,5 @@
-"""Client-side runtime: plain Python objects that Ray wraps as actors (see :mod:`raydg.actors`).
+"""Client-side runtime: plain Python objects that Ray wraps as actors
+(see :mod:`raydg.engine.actors`).
 
 A :class:`ClientHost` holds one or more clients, their data shards and their persistent state
 (local tensors and method memory) across rounds, plus one working model that it loads with a

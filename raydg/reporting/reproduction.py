@@ -4,8 +4,8 @@
 protocol into per-run rows; ``write_rows``/``read_rows`` keep them as CSV (the file committed
 under ``docs/reproduction-rows/``); ``page`` turns rows and the config's ``paper`` section into
 a Markdown page. The page is a pure function of the rows and the config, so the committed page
-can be checked against the committed rows. Like :mod:`raydg.report`, this module reads stored
-results only and imports no engine module.
+can be checked against the committed rows. Like :mod:`raydg.reporting.report`, this module reads
+stored results only and imports no engine module.
 
 Statistics: per (method, target), the mean and sample standard deviation over seeds; ``Avg``
 averages the six targets within each seed that has all of them, then over those seeds. A goal
@@ -46,6 +46,22 @@ class Goal:
     cell: float
 
 
+def paper_numbers(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """A config file's ``paper`` section, checked: ``source``, ``selection`` (selected, last
+    or oracle: how the paper picked the model it reports) and ``accuracy``
+    (``{method label: {domain or Avg: percent}}``)."""
+    paper = values.get("paper")
+    ok = (isinstance(paper, dict) and isinstance(paper.get("source"), str)
+          and paper.get("selection") in ("selected", "last", "oracle")
+          and isinstance(paper.get("accuracy"), dict)
+          and all(isinstance(row, dict) and all(isinstance(v, int | float) for v in row.values())
+                  for row in paper["accuracy"].values()))
+    if not ok:
+        raise RaydgError(f"{where} has no valid 'paper' section (source, selection: "
+                         "selected|last|oracle, accuracy: {method: {domain: percent}})")
+    return paper
+
+
 def protocol_mismatch(params: dict[str, str], expected: dict[str, str],
                       unlogged: dict[str, str]) -> list[str]:
     """The settings whose value a run's params do not have; a setting the run did not log
@@ -61,7 +77,7 @@ def composition(params: dict[str, str]) -> tuple[str | None, ...]:
 def export_rows(runs: Sequence[Any], expected: Callable[[tuple[str | None, ...]], dict[str, str]],
                 fingerprints: dict[str, str], variant: dict[str, str] | None = None,
                 unlogged: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Rows of the finished runs (:class:`raydg.report.Run`) that ran the protocol
+    """Rows of the finished runs (:class:`raydg.reporting.runs.Run`) that ran the protocol
     (``expected(composition)``: every result-relevant param of the config resolved for the
     run's method, augmentation and aggregation, their options included), with the fingerprint
     of their images (by run id); a run that differs elsewhere is an error naming the settings.

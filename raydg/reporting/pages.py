@@ -40,8 +40,8 @@ from typing import Any
 import yaml
 
 from raydg.errors import RaydgError
-from raydg.report import report
-from raydg.rows import StoredRuns
+from raydg.reporting.report import report
+from raydg.reporting.rows import StoredRuns
 
 BLOCK = re.compile(r"^```(?P<kind>report|diagnostic)\n(?P<body>.*?)^```\n",
                    re.MULTILINE | re.DOTALL)

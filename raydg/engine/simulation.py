@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -25,12 +24,13 @@ from torch import Tensor
 
 from raydg import seeding
 from raydg import state as st
-from raydg.actors import ClientPool, describe_placement
-from raydg.client import Evaluator, RuntimeSpec, where
 from raydg.config import RunConfig, clients_per_round
 from raydg.datasets import MultiDomainDataset
+from raydg.engine import health
+from raydg.engine.actors import ClientPool, describe_placement
+from raydg.engine.client import Evaluator, RuntimeSpec, where
+from raydg.engine.ledger import DOWN, UP, Ledger, payload_nbytes
 from raydg.errors import RaydgError
-from raydg.ledger import DOWN, UP, Ledger, payload_nbytes
 from raydg.methods import Method, Upload, method_class
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
@@ -42,7 +42,6 @@ from raydg.saved_model import model_info
 CLIENT_ONLY = ("seconds", "local_val_acc", "steps")  # per-client metrics, not round means
 # a round's evaluation under way: target future, validation refs, validators, their weights
 Evaluation = tuple[Future, list[Any], list[int], list[float] | None]
-COLLAPSE_ROUNDS = 3
 
 
 class Simulation:
@@ -74,27 +73,8 @@ class Simulation:
         self.spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
         self.model_info = model_info(cfg, data.channels, data.classes, data.mean, data.std,
                                      self.method.eval_modes[0])
-        torch.manual_seed(seeding.derive_seed(seed, seeding.MODEL_INIT))
-        if weights is None and init_weights(cfg) is not None:
-            raise RaydgError(f"{cfg.model} starts from {init_weights(cfg)} weights: pass them "
-                             "(raydg.pretrain.initial_weights loads them)")
-        # only the initial global model is built with pretrained weights; actors build the
-        # architecture and receive the global state
-        model = self.method.build_model(dataclasses.replace(self.spec, weights=weights))
-        self.local_keys = self.method.local_keys(model)
-        self.global_state = st.to_numpy(model)
-        self.round = 0
-        self.ledger = Ledger()
-        self.tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        self._has_local: set[int] = set()
-        self._steps = 0  # local steps of client phases since the last round's row
-        self.history: list[dict[str, float]] = []  # rounds whose evaluation has finished
-        self._sampler = seeding.numpy_rng(seed, seeding.SAMPLING)
-        # the last aggregated round, its evaluation under way: (row, futures, start, state)
-        self._pending: tuple[dict[str, float], Any, float, st.State] | None = None
-        self._selected: st.State | None = None  # the global model of the best round so far
-        self._restored_row: dict[str, float] | None = None
-        self._restored_validators: list[int] = []
+        self._init_global(weights)
+        self._init_rounds()
         test = data.domain(target)
         # the target domain stays on the driver (which checks its device before any actor
         # starts); evaluation runs in a thread beside the rounds
@@ -109,6 +89,35 @@ class Simulation:
             except BaseException:
                 self.pool.shutdown()
                 raise
+
+    def _init_global(self, weights: dict[str, Tensor] | None) -> None:
+        """The initial global model: the backbone's ``weights`` if the config starts from
+        pretrained ones, else a seeded initialisation."""
+        cfg = self.config
+        torch.manual_seed(seeding.derive_seed(cfg.seed, seeding.MODEL_INIT))
+        if weights is None and init_weights(cfg) is not None:
+            raise RaydgError(f"{cfg.model} starts from {init_weights(cfg)} weights: pass them "
+                             "(raydg.pretrain.initial_weights loads them)")
+        # only the initial global model is built with pretrained weights; actors build the
+        # architecture and receive the global state
+        model = self.method.build_model(dataclasses.replace(self.spec, weights=weights))
+        self.local_keys = self.method.local_keys(model)
+        self.global_state = st.to_numpy(model)
+
+    def _init_rounds(self) -> None:
+        """The state of the rounds before the first: ledger, tables, sampler, selection."""
+        self.round = 0
+        self.ledger = Ledger()
+        self.tables: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._has_local: set[int] = set()
+        self._steps = 0  # local steps of client phases since the last round's row
+        self.history: list[dict[str, float]] = []  # rounds whose evaluation has finished
+        self._sampler = seeding.numpy_rng(self.config.seed, seeding.SAMPLING)
+        # the last aggregated round, its evaluation under way: (row, futures, start, state)
+        self._pending: tuple[dict[str, float], Any, float, st.State] | None = None
+        self._selected: st.State | None = None  # the global model of the best round so far
+        self._restored_row: dict[str, float] | None = None
+        self._restored_validators: list[int] = []
 
     # ------------------------------------------------------------------ checkpoints
     @property
@@ -250,23 +259,6 @@ class Simulation:
         client where it was hosted then); ``round_seconds`` is the time from one round's start
         to the next's. ``on_round(row)`` is called as each round's evaluation finishes, when
         the next round is aggregated: the moment a :meth:`snapshot` may be taken."""
-        cfg = self.config
-        n, k = len(self.client_ids), clients_per_round(cfg, len(self.client_ids))
-
-        def finish(row: dict[str, float], futures: Any, start: float, state: st.State,
-                   end: float | None = None) -> None:
-            waiting = time.perf_counter()
-            row.update(self._finish_evaluation(futures))
-            row["time/wait"] = time.perf_counter() - waiting
-            row["round_seconds"] = (end or time.perf_counter()) - start
-            if "val_acc" in row and row["val_acc"] > max(
-                    (r["val_acc"] for r in self.history if "val_acc" in r), default=-1.0):
-                self._selected = state  # the selected round: the first with the best val
-            self.history.append(row)
-            self._warn_on_collapse(self.history)
-            if on_round is not None:
-                on_round(row)
-
         finished = False
         try:
             self._record_placement()
@@ -277,30 +269,14 @@ class Simulation:
                 self._pending = (self._restored_row,
                                  self._start_evaluation(global_ref, self._restored_validators),
                                  time.perf_counter(), self.global_state)
-            for rnd in range(self.round + 1, cfg.rounds + 1):
-                start = time.perf_counter()
-                self.round = rnd
-                cids = sorted(int(c) for c in self._sampler.choice(n, size=k, replace=False))
-                uploads = self.pool.train(cids, global_ref, rnd)
-                trained = time.perf_counter()
-                self._ledger_round(cids, uploads)
-                for u in uploads:
-                    self.record("client_rounds", {"client": u.client_id, **u.metrics})
-                self.global_state = self.method.aggregate(self, uploads)
-                global_ref = ray.put(self.global_state)
-                row = self._training_metrics(rnd, uploads)
-                row.update(self._phase_times(uploads, start, trained))
-                self._warn_on_divergence(rnd, row["train_loss"])
-                row.update(self.ledger.totals(rnd), clients_moved=self.pool.moved)
-                row.update(self.method.on_round_end(self))
-                previous, self._pending = self._pending, (
-                    row, self._start_evaluation(global_ref, self._validators(rnd, cids)), start,
-                    self.global_state)
+            for rnd in range(self.round + 1, self.config.rounds + 1):
+                start, previous = time.perf_counter(), self._pending
+                global_ref = self._round(rnd, global_ref, start)
                 if previous is not None:
-                    finish(*previous, end=start)
+                    self._finish(*previous, on_round, end=start)
             last, self._pending = self._pending, None
             if last is not None:
-                finish(*last)
+                self._finish(*last, on_round)
             analysis = self.evaluator.analyze(self.global_state)
             self.tables.update({f"target_{name}": rows for name, rows in analysis.items()})
             result = self._result(self.history, self.method.summarize(analysis))
@@ -309,6 +285,48 @@ class Simulation:
         finally:
             self._evaluation.shutdown()
             self.pool.shutdown(park=finished)  # warm actors for the trial's next run
+
+    def _round(self, rnd: int, global_ref: Any, start: float) -> Any:
+        """Round ``rnd``: sample, train and aggregate, then start its evaluation (the new
+        ``_pending``); the new global model's object ref."""
+        self.round = rnd
+        n = len(self.client_ids)
+        cids = sorted(int(c) for c in self._sampler.choice(
+            n, size=clients_per_round(self.config, n), replace=False))
+        uploads = self.pool.train(cids, global_ref, rnd)
+        trained = time.perf_counter()
+        self._ledger_round(cids, uploads)
+        for u in uploads:
+            self.record("client_rounds", {"client": u.client_id, **u.metrics})
+        self.global_state = self.method.aggregate(self, uploads)
+        global_ref = ray.put(self.global_state)
+        row = self._training_metrics(rnd, uploads)
+        row.update(self._phase_times(uploads, start, trained))
+        self._warn("divergence", rnd,
+                   health.divergence(self.global_state, rnd, row["train_loss"]))
+        row.update(self.ledger.totals(rnd), clients_moved=self.pool.moved)
+        row.update(self.method.on_round_end(self))
+        self._pending = (row, self._start_evaluation(global_ref, self._validators(rnd, cids)),
+                         start, self.global_state)
+        return global_ref
+
+    def _finish(self, row: dict[str, float], futures: Any, start: float, state: st.State,
+                on_round: Callable[[dict[str, float]], None] | None,
+                end: float | None = None) -> None:
+        """Complete a round's row with its evaluation, select it if its source validation is
+        the best so far (the first such round), and hand it to ``on_round``."""
+        waiting = time.perf_counter()
+        row.update(self._finish_evaluation(futures))
+        row["time/wait"] = time.perf_counter() - waiting
+        row["round_seconds"] = (end or time.perf_counter()) - start
+        if "val_acc" in row and row["val_acc"] > max(
+                (r["val_acc"] for r in self.history if "val_acc" in r), default=-1.0):
+            self._selected = state
+        self.history.append(row)
+        self._warn("collapse", int(row["round"]),
+                   health.collapse(self.history, self.spec.num_classes))
+        if on_round is not None:
+            on_round(row)
 
     def _phase_times(self, uploads: list[Upload], start: float, trained: float
                       ) -> dict[str, float]:
@@ -336,39 +354,16 @@ class Simulation:
         self._steps = 0
         return row
 
-    def _warn(self, kind: str, rnd: int, message: str) -> None:
-        """Print a warning of ``kind`` once per federation, naming the likely cause; its round
-        and text go to table ``kind``."""
-        if kind in self.tables:
+    def _warn(self, kind: str, rnd: int, message: str | None) -> None:
+        """Print a warning of ``kind`` (if there is one) once per federation, naming the likely
+        cause; its round and text go to table ``kind``."""
+        if message is None or kind in self.tables:
             return
         message = "warning: " + message + " " + (
             self.method.collapse_hint or "Likely a learning rate too high or a loss term that "
             "outweighs the cross-entropy.")
         self.tables[kind].append({"round": rnd, "message": message})
         self.log(message)
-
-    def _warn_on_collapse(self, history: list[dict[str, float]]) -> None:
-        """Warn when for ``COLLAPSE_ROUNDS`` rounds the training loss has stayed at ln(C)
-        (uniform predictions over C classes, within 2 %) and source validation below twice
-        chance, instead of finishing silently at chance."""
-        classes = self.spec.num_classes
-        chance = math.log(classes)
-        recent = history[-COLLAPSE_ROUNDS:]
-        if len(recent) == COLLAPSE_ROUNDS and all(
-                abs(r["train_loss"] - chance) <= 0.02 * chance
-                and r.get("val_acc", 0.0) < 2 / classes
-                for r in recent):
-            self._warn("collapse", int(recent[-1]["round"]),
-                       f"the training loss has stayed at ln({classes}) = {chance:.3f} for "
-                       f"{COLLAPSE_ROUNDS} rounds: the model predicts every class alike and "
-                       "learns nothing.")
-
-    def _warn_on_divergence(self, rnd: int, loss: float) -> None:
-        """Warn when the aggregated model holds a NaN or an infinity: training diverged."""
-        if not all(np.isfinite(v).all() for v in self.global_state.values()):
-            self._warn("divergence", rnd, f"the global model holds NaN or infinite weights "
-                       f"after round {rnd} (mean training loss {loss:.3g}): training diverged "
-                       "and every later accuracy is meaningless.")
 
     def _result(self, history: list[dict[str, float]],
                 final: dict[str, float]) -> FederationResult:

@@ -2,7 +2,7 @@
 
 One experiment per dataset; a parent run per command, a child run per federation (target
 domain, seed and, in a search, setting). Federations run concurrently as Ray Tune trials, and
-their reports reach this process through a Tune callback (:mod:`raydg.runner`), so runs are
+their reports reach this process through a Tune callback (:mod:`raydg.trials`), so runs are
 addressed by id through ``MlflowClient`` rather than MLflow's one-active-run fluent API.
 The default store is ``sqlite:///mlflow.db`` in the working directory (no server needed);
 ``--tracking-uri`` or ``MLFLOW_TRACKING_URI`` override it. Browse with
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import tempfile
 import threading
@@ -31,27 +30,23 @@ import yaml
 
 from raydg.config import RunConfig, Search, setting_label, to_dict
 from raydg.errors import RaydgError, TrackingError
+from raydg.plots import plot, plot_curves
 from raydg.results import (
     UNIT_TAG,
     FederationResult,
     duration,
     in_percent,
-    plot,
-    plot_curves,
     steps_per_client,
     write_table,
 )
+from raydg.tracking.store import quiet_mlflow, tracking_uri
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 # MLflow's run page draws a section per metric prefix (before the last '/'), sections in name
 # order before the unprefixed "Model metrics": the curves are logged a second time under a
 # prefix that sorts first, so that a child run's metrics tab opens on them
 CURVES = "Accuracy and loss"
 CURVE_METRICS = ("target_acc", "val_acc", "train_loss")
 MAX_PARAMS = 100  # per MLflow log_batch call
-SERVER_TIMEOUT = 5.0  # seconds for a tracking server to answer before the run starts
-# MLflow's own HTTP retries would wait minutes for a server that is gone
-HTTP_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 RETRY_SECONDS = 10.0  # while MLflow fails, how often the calls kept are tried again
 REMIND_SECONDS = 300.0  # while MLflow fails, how often a line says so again
 
@@ -73,7 +68,7 @@ def _version() -> dict[str, str]:
         out = {"raydg.version": version("raydg")}
     except PackageNotFoundError:
         out = {"raydg.version": "unknown"}
-    source = Path(__file__).resolve().parent.parent
+    source = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"],
                                 capture_output=True, text=True, timeout=10)
@@ -88,38 +83,6 @@ def _version() -> dict[str, str]:
 
 
 VERSION = _version()
-
-
-def tracking_uri(cfg: RunConfig) -> str:
-    """The store: ``--tracking-uri``, ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``, a
-    relative SQLite path made absolute (a resumed experiment finds the same store)."""
-    uri = cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).absolute())
-    return uri
-
-
-def check_store(uri: str) -> None:
-    """Refuse a tracking server that does not answer within ``SERVER_TIMEOUT`` seconds,
-    before Ray starts; create a SQLite store under a file lock (concurrent first runs would
-    race in MLflow's schema migration)."""
-    for key, value in HTTP_SETTINGS.items():
-        os.environ.setdefault(key, value)
-    if uri.startswith(("http://", "https://")):
-        import requests
-
-        try:
-            requests.get(f"{uri.rstrip('/')}/health", timeout=SERVER_TIMEOUT).raise_for_status()
-        except requests.RequestException as err:
-            raise RaydgError(f"the MLflow tracking server at {uri} does not answer: "
-                             f"{type(err).__name__}") from None
-    elif uri.startswith("sqlite:///"):
-        from filelock import FileLock
-        from mlflow import MlflowClient
-
-        logging.getLogger("mlflow").setLevel(logging.WARNING)  # no schema-migration INFO lines
-        with FileLock(uri[len("sqlite:///"):] + ".lock"):
-            MlflowClient(uri).search_experiments(max_results=1)
 
 
 def metric_name(name: str) -> str:
@@ -141,29 +104,6 @@ the training-domain-validated round, makes a useful column), a child run per fed
 under `model/`. Paper tables over many runs: `raydg report`."""
 
 
-def _quiet_mlflow() -> None:
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
-    # a failed query is raised to raydg, which says so in one line: not logged again with its
-    # traceback
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
-
-
-def end_stopped(uri: str, run_id: str) -> None:
-    """End the parent run ``run_id`` ``KILLED``, with its child runs still running: the stop of
-    an experiment whose process ended before it could say so (:mod:`raydg.signals`)."""
-    from mlflow import MlflowClient
-
-    _quiet_mlflow()
-    client = MlflowClient(uri)
-    parent = client.get_run(run_id)
-    for run in client.search_runs([parent.info.experiment_id],
-                                  f"tags.mlflow.parentRunId = '{run_id}'", max_results=10000):
-        if run.info.status == "RUNNING":
-            client.set_terminated(run.info.run_id, "KILLED")
-    if parent.info.status == "RUNNING":
-        client.set_terminated(run_id, "KILLED")
-
-
 class Tracker:
     """Opens the parent run on entry (or, resuming, takes up ``run_id`` and its children again)
     and ends it on exit (``FINISHED``, ``FAILED``, or ``KILLED`` after Ctrl-C, with any child
@@ -175,7 +115,7 @@ class Tracker:
         run (default: label and dataset)."""
         from mlflow import MlflowClient
 
-        _quiet_mlflow()
+        quiet_mlflow()
         self.cfg, self.search, self.label = cfg, search or Search(), label
         self.name = name or f"{label} {cfg.dataset}"
         self.client = MlflowClient(tracking_uri(cfg))
@@ -440,7 +380,7 @@ class Tracker:
     def log_summary(self, metrics: dict[str, float], tables: dict[str, list[dict[str, Any]]],
                     printed: str, curves: list[dict[str, Any]]) -> None:
         """The parent run's headline metrics, tables, printed text, config and ``curves.png``
-        (accuracy per round of its federations, :func:`raydg.results.plot_curves`)."""
+        (accuracy per round of its federations, :func:`raydg.plots.plot_curves`)."""
         self._metrics(lambda: self.run_id, metrics)
         self.set_tag("mlflow.note.content", f"```\n{printed}\n```")  # the run page's description
         config = yaml.safe_dump(to_dict(self.cfg), sort_keys=False)

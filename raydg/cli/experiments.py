@@ -1,0 +1,86 @@
+"""The commands that run an experiment: ``raydg run``, ``sweep`` and ``resume``."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from raydg import config as config_mod
+from raydg.cli.options import CONTEXT, EXAMPLES, GroupedCommand, run_options
+from raydg.errors import RaydgError
+
+
+def _progress(quiet: bool) -> str:
+    """How progress is shown: a live board of running federations on a terminal, plain lines
+    elsewhere (CI, log files), nothing with --quiet."""
+
+    return "none" if quiet else "live" if sys.stdout.isatty() else "lines"
+
+
+def _experiment(config_file: str | None, given: dict[str, Any], sets: tuple[str, ...],
+                grid: tuple[str, ...], need_search: bool, quiet: bool) -> None:
+    """Config file < command-line options < ``--set``; the file's search and ``--grid``."""
+    from raydg import api
+
+    cfg, search = config_mod.RunConfig(), config_mod.Search()
+    if config_file:
+        values, search = config_mod.split_search(config_mod.load_yaml(config_file))
+        cfg = config_mod.apply(cfg, values)
+    cfg = config_mod.apply(cfg, {k: list(v) if isinstance(v, tuple) else v
+                                 for k, v in given.items() if v not in (None, [], ())})
+    cfg = config_mod.apply(cfg, config_mod.parse_sets(sets))
+    search = config_mod.extend_search(search, config_mod.parse_grid(grid), "--grid")
+    if need_search and not search:
+        raise RaydgError(f"sweep file {config_file!r} defines no grid and no random search "
+                         "(keys 'grid' and 'random'); use raydg run for a single setting")
+    api.run(config=cfg, search=search, out=click.echo, progress=_progress(quiet))
+
+
+@click.command(cls=GroupedCommand, context_settings=CONTEXT, epilog=EXAMPLES)
+@click.argument("dataset", required=False)
+@click.option("--config", "config_file", type=click.Path(),
+              help="YAML file of config keys (raydg list configs).")
+@run_options
+@click.pass_context
+def run(ctx: click.Context, dataset: str | None, config_file: str | None,
+        sets: tuple[str, ...], grid: tuple[str, ...], seeds: tuple[int, ...], quiet: bool,
+        **options: Any) -> None:
+    """Train on the source domains of DATASET (raydg list datasets) and evaluate on the
+    held-out domain(s); every federation is a Ray Tune trial, tracked in MLflow."""
+    if dataset is None and config_file is None and not any(
+            s.split("=", 1)[0] == "dataset" for s in sets):
+        click.echo(ctx.get_usage(), err=True)
+        raise RaydgError("name a DATASET (raydg list datasets) or a --config FILE "
+                         "(raydg list configs)")
+    _experiment(config_file, {**options, "dataset": dataset, "seeds": list(seeds)}, sets, grid,
+                need_search=False, quiet=quiet)
+
+
+@click.command(cls=GroupedCommand, context_settings=CONTEXT)
+@click.argument("sweep_file", type=click.Path())
+@run_options
+def sweep(sweep_file: str, sets: tuple[str, ...], grid: tuple[str, ...],
+          seeds: tuple[int, ...], quiet: bool, **options: Any) -> None:
+    """Run the search of SWEEP_FILE (config keys plus 'grid' and/or 'random') over every target
+    and seed; select hyper-parameters per target by training-domain validation."""
+    _experiment(sweep_file, {**options, "seeds": list(seeds)}, sets, grid, need_search=True,
+                quiet=quiet)
+
+
+@click.command(context_settings=CONTEXT)
+@click.argument("target")
+@click.option("--tracking-uri", help="MLflow store of the run: where to look up TARGET when it "
+                                     "is a run id, and where the experiment's runs are now "
+                                     "when the store has moved. [default: the experiment's]")
+@click.option("--quiet", "-q", is_flag=True, help="Print only the tables, no progress.")
+def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
+    """Continue an interrupted experiment: TARGET is its folder (printed at its start and when
+    it stops) or its MLflow parent run id. Finished federations are kept, the others continue
+    from their last checkpoints, into the same MLflow run."""
+    from raydg.experiment import resume_target, run_experiment
+
+    run_experiment(config_mod.RunConfig(tracking_uri=tracking_uri), out=click.echo,
+                   progress=_progress(quiet), resume=resume_target(target, tracking_uri))
+

@@ -1,0 +1,3 @@
+"""MLflow tracking: :mod:`~raydg.tracking.tracker`, the one writer (the process that runs the
+experiment); :mod:`~raydg.tracking.store`, where the runs are kept; and
+:mod:`~raydg.tracking.backup`, snapshots of a SQLite store (``raydg store backup|restore``)."""

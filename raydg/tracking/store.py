@@ -1,0 +1,72 @@
+"""Where runs are kept: the MLflow store's URI, its check before Ray starts, and the end of
+the runs of an experiment whose process could not end them. Imports no more than MLflow (a
+scheduler's SIGKILL follows SIGTERM within seconds)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from raydg.config import RunConfig
+from raydg.errors import RaydgError
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+SERVER_TIMEOUT = 5.0  # seconds for a tracking server to answer before the run starts
+# MLflow's own HTTP retries would wait minutes for a server that is gone
+HTTP_SETTINGS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+
+
+def tracking_uri(cfg: RunConfig) -> str:
+    """The store: ``--tracking-uri``, ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db``, a
+    relative SQLite path made absolute (a resumed experiment finds the same store)."""
+    uri = cfg.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).absolute())
+    return uri
+
+
+def check_store(uri: str) -> None:
+    """Refuse a tracking server that does not answer within ``SERVER_TIMEOUT`` seconds,
+    before Ray starts; create a SQLite store under a file lock (concurrent first runs would
+    race in MLflow's schema migration)."""
+    for key, value in HTTP_SETTINGS.items():
+        os.environ.setdefault(key, value)
+    if uri.startswith(("http://", "https://")):
+        import requests
+
+        try:
+            requests.get(f"{uri.rstrip('/')}/health", timeout=SERVER_TIMEOUT).raise_for_status()
+        except requests.RequestException as err:
+            raise RaydgError(f"the MLflow tracking server at {uri} does not answer: "
+                             f"{type(err).__name__}") from None
+    elif uri.startswith("sqlite:///"):
+        from filelock import FileLock
+        from mlflow import MlflowClient
+
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # no schema-migration INFO lines
+        with FileLock(uri[len("sqlite:///"):] + ".lock"):
+            MlflowClient(uri).search_experiments(max_results=1)
+
+
+def quiet_mlflow() -> None:
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # a failed query is raised to raydg, which says so in one line: not logged again with its
+    # traceback
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+
+
+def end_stopped(uri: str, run_id: str) -> None:
+    """End the parent run ``run_id`` ``KILLED``, with its child runs still running: the stop of
+    an experiment whose process ended before it could say so (:mod:`raydg.signals`)."""
+    from mlflow import MlflowClient
+
+    quiet_mlflow()
+    client = MlflowClient(uri)
+    parent = client.get_run(run_id)
+    for run in client.search_runs([parent.info.experiment_id],
+                                  f"tags.mlflow.parentRunId = '{run_id}'", max_results=10000):
+        if run.info.status == "RUNNING":
+            client.set_terminated(run.info.run_id, "KILLED")
+    if parent.info.status == "RUNNING":
+        client.set_terminated(run_id, "KILLED")

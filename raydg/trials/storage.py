@@ -1,0 +1,122 @@
+"""An experiment's folder (local or a pyarrow filesystem URI): its name, its manifest for
+``raydg resume``, and the checkpoints a resume will restore."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ray import tune
+
+from raydg import checkpoint
+from raydg.errors import RaydgError
+from raydg.plan import Federation, Plan
+from raydg.trials.trial import FEDERATION
+
+
+def check_storage(storage: str) -> None:
+    """Refuse a storage location (local folder or pyarrow filesystem URI) that cannot be
+    written, before anything starts."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = pafs.FileSystem.from_uri(storage if "://" in storage else
+                                            Path(storage).as_uri())
+        probe = f"{path.rstrip('/')}/.raydg-write-test-{uuid.uuid4().hex}"
+        fs.create_dir(path.rstrip("/") or "/", recursive=True)
+        with fs.open_output_stream(probe) as f:
+            f.write(b"ok")
+        fs.delete_file(probe)
+    except (OSError, ValueError, RuntimeError) as err:  # pyarrow raises OSError subclasses
+        raise RaydgError(f"cannot write to --storage {storage}: {err}") from None
+
+
+MANIFEST = "raydg.json"  # in the experiment's folder: what `raydg resume` needs
+
+
+def experiment_dir(plan: Plan, run_id: str) -> str:
+    """A new experiment's folder (or URI) under ``storage``, named after the dataset, the
+    method(s), the time and the MLflow run."""
+    label = re.sub(r"[^\w.+=-]+", "_", plan.label)
+    name = f"{plan.config.dataset}-{label}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
+    return f"{plan.config.storage.rstrip('/')}/{name}"
+
+
+def _filesystem(path: str) -> tuple[Any, str]:
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(path if "://" in path else Path(path).absolute().as_uri())
+
+
+def write_manifest(directory: str, manifest: dict[str, Any]) -> None:
+    fs, path = _filesystem(directory)
+    fs.create_dir(path, recursive=True)
+    with fs.open_output_stream(f"{path}/{MANIFEST}") as f:
+        f.write(json.dumps(manifest, indent=1).encode())
+
+
+def read_manifest(directory: str) -> dict[str, Any]:
+    """What an experiment was started with (its config, search and MLflow run); a one-line
+    error naming the file if it is missing or unreadable."""
+    where = f"{directory.rstrip('/')}/{MANIFEST}"
+    try:
+        fs, path = _filesystem(where)
+        with fs.open_input_stream(path) as f:
+            manifest = json.loads(f.read())
+        if not {"run_id", "config", "search"} <= set(manifest):
+            raise ValueError("keys run_id, config and search are missing")
+    except (OSError, ValueError) as err:
+        raise RaydgError(f"{where} is not a raydg experiment's manifest: {err}") from None
+    return manifest
+
+
+def verify_checkpoints(directory: str, feds: list[Federation]) -> None:
+    """Before a resume, for each unfinished federation of the experiment in ``directory``: the
+    checkpoint that Tune's experiment state will restore it from exists, is whole and belongs
+    to it (a one-line error naming the folder or file otherwise, before Ray starts or MLflow
+    is written to).
+
+    Tune deletes a trial's older checkpoint when it registers a newer one but saves its
+    experiment state only every few checkpoints, so a kill in between leaves the state naming a
+    deleted folder; restored, Tune deletes it again at the trial's next checkpoint and logs a
+    ``FileNotFoundError`` traceback. Such folders are recreated empty, for Tune to delete."""
+    import pyarrow.fs as pafs
+    from ray.tune import ExperimentAnalysis
+
+    fs, path = _filesystem(directory)
+    if not any(i.base_name.startswith("experiment_state-")
+               for i in fs.get_file_info(pafs.FileSelector(path))):
+        raise RaydgError(f"{directory} holds no Tune experiment state (experiment_state-*.json):"
+                         " the experiment stopped before its federations started; run it again")
+    configs = {f.key: dataclasses.asdict(f.config) for f in feds}
+    for trial in ExperimentAnalysis(directory).trials:
+        manager = trial.run_metadata.checkpoint_manager
+        latest = manager.latest_checkpoint_result
+        if trial.status == "TERMINATED" or latest is None:
+            continue
+        for older in manager.best_checkpoint_results:
+            point = older.checkpoint
+            if point.path != latest.checkpoint.path and not _exists(point):
+                point.filesystem.create_dir(point.path)
+        point = latest.checkpoint
+        if not _exists(point):
+            raise RaydgError(f"checkpoint {point.path}, which the experiment's state names as "
+                             f"the last of {trial.config[FEDERATION]['key']}, is gone: that "
+                             "federation cannot continue")
+        with point.as_directory() as local:
+            try:
+                if checkpoint.is_checkpoint(Path(local)):
+                    checkpoint.check(Path(local), configs[trial.config[FEDERATION]["key"]])
+            except RaydgError as err:
+                raise RaydgError(str(err).replace(local, point.path)) from None
+
+
+def _exists(point: tune.Checkpoint) -> bool:
+    import pyarrow.fs as pafs
+
+    return point.filesystem.get_file_info(point.path).type != pafs.FileType.NotFound

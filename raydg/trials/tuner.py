@@ -1,0 +1,121 @@
+"""Every federation of an experiment as a Tune trial, and their results."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from ray import tune
+
+from raydg.datasets import MultiDomainDataset
+from raydg.errors import RaydgError
+from raydg.plan import Federation, Plan
+from raydg.results import FederationResult
+from raydg.tracking.tracker import Tracker
+from raydg.trials.callbacks import ACTIVE, Collector, StopOnError
+from raydg.trials.resources import trial_resources
+from raydg.trials.trial import FEDERATION, federation
+
+
+def _spec(fed: Federation) -> dict[str, Any]:
+    return {"key": fed.key, "config": dataclasses.asdict(fed.config), "setting": fed.setting,
+            "label": fed.row}
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the experiment; ``raydg resume EXPERIMENT_DIR`` continues."""
+
+    def __init__(self, message: str, experiment_dir: str) -> None:
+        super().__init__(message)
+        self.experiment_dir = experiment_dir
+
+
+def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset,
+                    weights: dict[str, dict[str, np.ndarray]], tracker: Tracker,
+                    out: Callable[[str], None], directory: str, resume: bool = False,
+                    progress: str = "lines") -> list[FederationResult]:
+    """Run every federation as a Tune trial in the experiment folder ``directory`` (as many
+    at once as the cluster holds, at most ``max_concurrent``), or, with ``resume``, continue
+    an interrupted experiment there: finished federations are not run again, unfinished ones
+    continue from their checkpoints. Their results, in the order of ``feds``.
+
+    A lost actor or node restarts a federation from its last checkpoint, up to
+    ``max_failures`` times. A failure that outlasts them stops the experiment: a user error
+    (:class:`RaydgError`) is raised as such, anything else as a ``RuntimeError`` carrying the
+    trial's error. Ctrl-C stops every trial (Tune's handler) and is raised as
+    :class:`Interrupted`."""
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"  # Tune's old console path is silent at verbose=0
+    # a trial's failure is raydg's one line (Collector.on_trial_recover), or the error raised
+    # once its restarts are spent, not Tune's traceback of each attempt (its error file keeps it)
+    os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
+    collector = Collector(feds, tracker, out, progress)
+    ACTIVE.update(collector=collector, stopper=StopOnError(collector))
+    trainable = tune.with_resources(tune.with_parameters(federation, data=data,
+                                                         weights=weights), trial_resources)
+    if resume:
+        left = [f.key for f in feds if not tracker.finished(f.key)]
+        collector.progress.say(
+            f"raydg: resuming the experiment in {directory}: {len(left)} of {len(feds)} "
+            "federations to finish" if left else f"raydg: nothing to resume in {directory}: "
+            f"every federation finished ({len(feds)} of {len(feds)}); their results")
+        tuner = tune.Tuner.restore(directory, trainable, resume_unfinished=True,
+                                   resume_errored=True)
+    else:
+        tuner = _tuner(plan, feds, trainable, directory, collector)
+        collector.progress.say(f"raydg: {len(feds)} federations as Tune trials, results in "
+                               f"{directory}")
+    return _results(tuner.fit(), collector, feds, directory)
+
+
+def _tuner(plan: Plan, feds: list[Federation], trainable: Any, directory: str,
+           collector: Collector) -> tune.Tuner:
+    """A new experiment's tuner: one trial per federation, named by its key."""
+    cfg = plan.config
+    storage, _, name = directory.rpartition("/")
+    return tune.Tuner(
+        trainable, param_space={FEDERATION: tune.grid_search([_spec(f) for f in feds])},
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=cfg.max_concurrent, reuse_actors=cfg.reuse_actors,
+            trial_name_creator=lambda t: t.config[FEDERATION]["key"],
+            trial_dirname_creator=lambda t: f"{t.config[FEDERATION]['key']}-{t.trial_id}"),
+        run_config=tune.RunConfig(
+            name=name, storage_path=storage, verbose=0, callbacks=[collector],
+            stop=ACTIVE["stopper"],
+            failure_config=tune.FailureConfig(max_failures=cfg.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2)))
+
+
+def _results(grid: tune.ResultGrid, collector: Collector, feds: list[Federation],
+             directory: str) -> list[FederationResult]:
+    """The federations' results, in the order of ``feds``; a failed trial's error raised."""
+    for result in grid:
+        if isinstance(result.error, str):  # Tune's text of an error it could not unpickle
+            raise RuntimeError(f"a federation failed: {result.error}")
+        if result.error is not None:
+            cause = _root_cause(result.error)
+            if isinstance(cause, RaydgError):
+                raise RaydgError(str(cause))
+            raise RuntimeError(f"a federation failed: {result.error}") from result.error
+        if result.checkpoint is not None:  # a trial stopped before it reported has no config
+            collector.collect(result.config[FEDERATION]["key"], result.checkpoint)
+    missing = [f.key for f in feds if f.key not in collector.results]
+    if missing:  # no error, yet unfinished: Tune's SIGINT handler stopped the trials
+        shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+        raise Interrupted(f"stopped with {len(missing)} of {len(feds)} federations unfinished "
+                          f"({shown})", directory)
+    return [collector.results[f.key] for f in feds]
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    """The exception a trial's function raised, out of Tune's and Ray's wrappers."""
+    seen = set()
+    while id(err) not in seen:
+        seen.add(id(err))
+        inner = getattr(err, "cause", None) or err.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        err = inner
+    return err
