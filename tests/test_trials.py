@@ -190,3 +190,14 @@ def test_progress_estimates_the_work_left_over_the_running_federations(monkeypat
     assert lines[-1].endswith("about 0:00:18 left in all")  # (3 + 2 + 2 x (12.5 + 3)) / 2
     assert lines[-2].startswith(f"[{b.title()}] round 2/4")
     assert all(len(line) <= 80 for line in lines)
+
+
+def test_an_experiment_saved_before_the_trials_package_finds_its_collector():
+    """Tune saved the collector and stopper of an experiment that raydg started before
+    2026-11-27 as a reference to ``raydg.runner._active``: it still resolves (resumed end to end
+    from an experiment of 3bd1e89 in that session's closing note)."""
+    import pickle
+
+    from raydg.trials import callbacks
+
+    assert pickle.loads(b"craydg.runner\n_active\n.") is callbacks._active

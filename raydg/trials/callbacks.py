@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -135,3 +136,8 @@ def _active(name: str) -> Any:
     """This process's ``name``; ``None`` where no experiment runs (Tune's state read by
     another process, e.g. ``tune.ExperimentAnalysis``, has no use for them)."""
     return ACTIVE.get(name)
+
+
+# an experiment that raydg started before this package existed (2026-11-27) saved its collector
+# and stopper as ``raydg.runner._active``: the name resolves here, so it resumes
+sys.modules.setdefault("raydg.runner", sys.modules[__name__])
