@@ -15,7 +15,6 @@ from raydg.errors import RaydgError
 def _progress(quiet: bool) -> str:
     """How progress is shown: a live board of running federations on a terminal, plain lines
     elsewhere (CI, log files), nothing with --quiet."""
-
     return "none" if quiet else "live" if sys.stdout.isatty() else "lines"
 
 
