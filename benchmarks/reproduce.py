@@ -10,7 +10,8 @@ Three steps, each a command:
    the committed rows file (rows already there are kept; a run of another protocol is refused,
    unless it is named as a variant, ``--variant model=cnn``: the protocol with that key
    changed, labelled so on the page; the BN methods' runs on ``model=mnist-cnn-bn`` are
-   exported so, FedAvg's on that model too).
+   exported so, FedAvg's on that model too; ``--variant dataset=rotmnist-ccw``: the digits
+   turned the other way).
 3. ``page``: the rows file -> docs/reproduction.md (regenerated, never edited by hand; a test
    checks that the committed page is what this prints from the committed rows).
 
@@ -89,7 +90,7 @@ def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
 
     client = MlflowClient(tracking_uri)
     values = config_mod.load_yaml(str(ROOT / CONFIG))
-    runs = find_runs(client, [experiment], values["dataset"], [], "")
+    runs = find_runs(client, [experiment], variant.get("dataset", values["dataset"]), [], "")
     parents: dict[str, str] = {}
     prints = {}
     for r in runs:

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from scipy.ndimage import rotate
 
-from raydg.datasets import DATASETS, LoadRequest, load_dataset
+from raydg.datasets import DATASETS, LoadRequest, load_dataset, mnist
 from raydg.datasets.camelyon import load_camelyon17, patch_path, stratified_cap
 from raydg.datasets.mnist import (
     MNIST_SEED,
@@ -123,6 +123,31 @@ def test_rotmnist_without_a_root_draws_100_per_class_from_the_shipped_sample(mon
         expected = np.round(np.clip(expected, 0, 1) * 255).astype(np.uint8)
         np.testing.assert_array_equal(d.x[:, 0], expected)
         np.testing.assert_array_equal(d.y, m0.y)
+
+
+def test_rotation_direction_as_displayed():
+    bar = np.zeros((1, 9, 9), np.uint8)
+    bar[0, :4, 4] = 255  # from the centre up (row 0 is the top)
+    right, left = np.zeros_like(bar), np.zeros_like(bar)
+    right[0, 4, 5:], left[0, 4, :4] = 255, 255
+    np.testing.assert_array_equal(mnist.rotate(bar, 90), right)  # clockwise: up -> right
+    np.testing.assert_array_equal(mnist.rotate(bar, 90, clockwise=False), left)  # up -> left
+    np.testing.assert_array_equal(mnist.rotate(bar, 0, clockwise=False), bar)
+
+
+def test_rotmnist_ccw_is_the_same_draw_turned_the_other_way(monkeypatch):
+    monkeypatch.delenv("RAYDG_DATA_ROOT", raising=False)
+    cw, ccw = load_dataset("rotmnist", None, 28), load_dataset("rotmnist-ccw", None, 28)
+    assert ccw.name == "rotmnist-ccw" and ccw.provenance == cw.provenance
+    m0 = cw.domain("M0").x[:, 0]
+    np.testing.assert_array_equal(ccw.domain("M0").x[:, 0], m0)
+    for angle in (15, 75):
+        expected = rotate(m0 / 255.0, angle, axes=(2, 1), reshape=False, order=1,
+                          mode="constant")  # counter-clockwise: a positive angle for scipy
+        expected = np.round(np.clip(expected, 0, 1) * 255).astype(np.uint8)
+        np.testing.assert_array_equal(ccw.domain(f"M{angle}").x[:, 0], expected)
+        np.testing.assert_array_equal(ccw.domain(f"M{angle}").y, cw.domain("M0").y)
+    assert DATASETS.get("rotmnist-ccw").defaults == DATASETS.get("rotmnist").defaults
 
 
 def test_rotmnist_refuses_a_changed_sample_and_names_a_missing_package(monkeypatch, tmp_path):
