@@ -23,12 +23,14 @@ SIGTERM (never ``ray stop``), and the test checks that no process of this cluste
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -39,7 +41,7 @@ from ray._private.services import get_node_ip_address
 from ray.autoscaler._private.util import validate_config
 
 from raydg.config import RunConfig
-from raydg.experiment import run_experiment
+from raydg.experiment import ExperimentResult, run_experiment
 from raydg.resolve import resolve
 from tests.conftest import assert_same_as_on_a_local_ray, free_ports, wait_for_head
 
@@ -126,6 +128,99 @@ def token_auth(monkeypatch):
     ray._raylet.Config.initialize("")
 
 
+def head_ports() -> dict[str, int]:
+    """Free ports for everything the head listens on, the autoscaler's metrics among them."""
+    names = ("port", "dashboard-port", "dashboard-agent-listen-port", "ray-client-server-port",
+             "metrics-export-port", "autoscaler-metrics")
+    return dict(zip(names, free_ports(len(names)), strict=True))
+
+
+def start_head(temp_dir: str, ports: dict[str, int]) -> subprocess.Popen:
+    """``ray start --head --block`` with no CPU on ``ports``, in ``temp_dir``, whose autoscaler
+    runs the fake cluster of the autoscaling.yaml there."""
+    ports = dict(ports)
+    metrics = ports.pop("autoscaler-metrics")
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
+         "--num-cpus=0", f"--temp-dir={temp_dir}", "--include-dashboard=false",
+         f"--autoscaling-config={temp_dir}/autoscaling.yaml",
+         *(f"--{name}={port}" for name, port in ports.items())],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
+             "AUTOSCALER_METRIC_PORT": str(metrics)})  # its default 44217 may be taken
+
+
+@dataclasses.dataclass
+class Observed:
+    """What the test saw: the experiment's progress lines, the worker nodes before the run, at
+    each of its rounds and after it, the number of worker node processes at each round and
+    those left after the scale-down, and how long each step took."""
+
+    lines: list[str] = dataclasses.field(default_factory=list)
+    nodes: dict[str, list[set[str]]] = dataclasses.field(
+        default_factory=lambda: {"before": [], "during": [], "after": []})
+    processes: dict[str, list[int]] = dataclasses.field(
+        default_factory=lambda: {"during": [], "left": []})
+    times: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def timed(self, step: str) -> Iterator[None]:
+        """Record the seconds the block takes as ``step``'s (unless it raises)."""
+        start = time.perf_counter()
+        yield
+        self.times[step] = time.perf_counter() - start
+
+
+def run_watched(head: subprocess.Popen, cfg: RunConfig, temp_dir: str, seen: Observed
+                ) -> ExperimentResult:
+    """Once the head is up, its worker nodes; then ``cfg`` run (it joins the head, then leaves
+    it), with the worker nodes and their processes at each round."""
+    with seen.timed("head start"):
+        wait_for_head(head)
+    ray.init(address=cfg.address, logging_level="ERROR", log_to_driver=False)
+    seen.nodes["before"].append(worker_nodes())
+    ray.shutdown()
+
+    def watch(line: str) -> None:  # progress, while run_experiment is joined to the head
+        seen.lines.append(line)
+        if "] round " in line:
+            seen.nodes["during"].append(worker_nodes())
+            seen.processes["during"].append(len(worker_node_processes(temp_dir)))
+
+    with seen.timed("run"):
+        scaled = run_experiment(cfg, out=watch)
+    return scaled
+
+
+def wait_for_scale_down(address: str, temp_dir: str, seen: Observed) -> None:
+    """The worker nodes after the idle timeout (gone, or those left after ``TIMEOUT``), and the
+    pids of their processes still running ``TIMEOUT`` later."""
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    with seen.timed("scale-down"):
+        deadline = time.perf_counter() + TIMEOUT
+        while worker_nodes() and time.perf_counter() < deadline:
+            time.sleep(0.5)
+    seen.nodes["after"].append(worker_nodes())
+    ray.shutdown()
+    # the autoscaler ends the worker nodes' raylets and agents, each in its own time
+    with seen.timed("worker processes end"):
+        _, alive = psutil.wait_procs(worker_node_processes(temp_dir), timeout=TIMEOUT)
+    seen.processes["left"] = [p.pid for p in alive]
+
+
+def end_cluster(head: subprocess.Popen, temp_dir: str, seen: Observed) -> list[psutil.Process]:
+    """End the head with SIGTERM, then what that left of the cluster in ``temp_dir``, and
+    remove it: the processes that were still there 10 s after the head ended."""
+    ray.shutdown()
+    with seen.timed("head end"):
+        head.terminate()
+        head.wait(timeout=TIMEOUT)
+    _, stuck = psutil.wait_procs(processes_of(temp_dir), timeout=10)  # still ending
+    end(stuck)  # what the head's end did not end
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    return stuck
+
+
 def test_an_experiment_waits_for_the_autoscaler_and_runs_on_the_nodes_it_adds(
         tmp_path, token_auth):
     raw = yaml.safe_load((ROOT / "cluster.yaml").read_text())
@@ -133,10 +228,7 @@ def test_an_experiment_waits_for_the_autoscaler_and_runs_on_the_nodes_it_adds(
     assert workers and all(t.get("min_workers", 0) == 0 for t in workers)  # all from zero
     # its own temp dir, short (Unix socket paths): this cluster's processes are found by it
     temp_dir = tempfile.mkdtemp(prefix="raydg-as-", dir="/tmp")
-    names = ("port", "dashboard-port", "dashboard-agent-listen-port", "ray-client-server-port",
-             "metrics-export-port", "autoscaler-metrics")
-    ports = dict(zip(names, free_ports(len(names)), strict=True))
-    metrics = ports.pop("autoscaler-metrics")
+    ports = head_ports()
     address = f"{get_node_ip_address()}:{ports['port']}"
     config = fake_cluster_config(raw, address)
     validate_config(config)
@@ -147,67 +239,25 @@ def test_an_experiment_waits_for_the_autoscaler_and_runs_on_the_nodes_it_adds(
                     storage=str(tmp_path / "results"))
     resolve(cfg)  # a config that raydg refuses fails here, before Ray starts
 
-    head = subprocess.Popen(
-        [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block",
-         "--num-cpus=0", f"--temp-dir={temp_dir}", "--include-dashboard=false",
-         f"--autoscaling-config={temp_dir}/autoscaling.yaml",
-         *(f"--{name}={port}" for name, port in ports.items())],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1",
-             "AUTOSCALER_METRIC_PORT": str(metrics)})  # its default 44217 may be taken
-    lines: list[str] = []
-    nodes: dict[str, list[set[str]]] = {"before": [], "during": [], "after": []}
-    processes: dict[str, list[int]] = {"during": [], "left": []}
-    times: dict[str, float] = {}
-    start = time.perf_counter()
+    head = start_head(temp_dir, ports)
+    seen = Observed()
     try:
-        wait_for_head(head)
-        times["head start"] = time.perf_counter() - start
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        nodes["before"].append(worker_nodes())
-        ray.shutdown()
-
-        def watch(line: str) -> None:  # progress, while run_experiment is joined to the head
-            lines.append(line)
-            if "] round " in line:
-                nodes["during"].append(worker_nodes())
-                processes["during"].append(len(worker_node_processes(temp_dir)))
-
-        start = time.perf_counter()
-        scaled = run_experiment(cfg, out=watch)  # joins the head, then leaves it
-        times["run"] = time.perf_counter() - start
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        start = time.perf_counter()
-        while worker_nodes() and time.perf_counter() - start < TIMEOUT:
-            time.sleep(0.5)
-        times["scale-down"] = time.perf_counter() - start
-        nodes["after"].append(worker_nodes())
-        ray.shutdown()
-        # the autoscaler ends the worker nodes' raylets and agents, each in its own time
-        start = time.perf_counter()
-        _, alive = psutil.wait_procs(worker_node_processes(temp_dir), timeout=TIMEOUT)
-        processes["left"] = [p.pid for p in alive]
-        times["worker processes end"] = time.perf_counter() - start
+        scaled = run_watched(head, cfg, temp_dir, seen)
+        wait_for_scale_down(address, temp_dir, seen)
     finally:
-        ray.shutdown()
-        start = time.perf_counter()
-        head.terminate()
-        head.wait(timeout=TIMEOUT)
-        times["head end"] = time.perf_counter() - start
-        _, stuck = psutil.wait_procs(processes_of(temp_dir), timeout=10)  # still ending
-        end(stuck)  # what the head's end did not end
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    print(nodes, processes, times)  # shown if the test fails
+        stuck = end_cluster(head, temp_dir, seen)
+    nodes, processes = seen.nodes, seen.processes
+    print(nodes, processes, seen.times)  # shown if the test fails
     assert any("waiting for the cluster to scale up: no node can host a client actor" in line
-               for line in lines), lines
+               for line in seen.lines), seen.lines
     assert nodes["before"] == [set()], nodes
     assert nodes["during"] and all(nodes["during"]), nodes
     assert nodes["after"] == [set()], nodes
     assert all(processes["during"]) and not processes["left"], processes
     assert not stuck, [p.pid for p in stuck]
-    seen = set.union(*nodes["during"])
+    added = set.union(*nodes["during"])
     for run in scaled.runs:  # every client actor ran on a worker node that the autoscaler added
-        assert {r["node"] for r in run.tables["placement"] if r["role"] == "client"} <= seen
+        assert {r["node"] for r in run.tables["placement"] if r["role"] == "client"} <= added
 
     start = time.perf_counter()
     assert_same_as_on_a_local_ray(cfg, scaled)

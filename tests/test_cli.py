@@ -12,12 +12,27 @@ from pathlib import Path
 import mlflow
 import pytest
 from click.testing import CliRunner
+from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from raydg.cli import cli
 from raydg.config import RunConfig, apply, load_yaml, parse_sets, split_search
 from raydg.methods import METHODS
 from raydg.resolve import resolve
+
+
+def _check_child_run(client: MlflowClient, child: Run, parent_id: str) -> None:
+    """A federation's run of the two-round fedprox run: under its parent, every per-round metric
+    at steps 1 and 2, the final accuracy and the artifacts."""
+    assert child.data.tags["mlflow.parentRunId"] == parent_id
+    assert child.data.tags["raydg.method"] == "fedprox"
+    for metric in ("train_loss", "val_acc", "target_acc", "bytes_up", "bytes_down",
+                   "round_seconds"):
+        history = client.get_metric_history(child.info.run_id, metric)
+        assert [m.step for m in history] == [1, 2], metric
+    assert "final/target_acc_selected/global" in child.data.metrics
+    names = {a.path for a in client.list_artifacts(child.info.run_id)}
+    assert {"history.parquet", "ledger.parquet", "clients.csv"} <= names
 
 
 def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
@@ -48,15 +63,7 @@ def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
     assert parent.data.params["batch_size"] == "16"
     assert "avg/selected/global" in parent.data.metrics
     for child in children:
-        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
-        assert child.data.tags["raydg.method"] == "fedprox"
-        for metric in ("train_loss", "val_acc", "target_acc", "bytes_up", "bytes_down",
-                       "round_seconds"):
-            history = client.get_metric_history(child.info.run_id, metric)
-            assert [m.step for m in history] == [1, 2], metric
-        assert "final/target_acc_selected/global" in child.data.metrics
-        names = {a.path for a in client.list_artifacts(child.info.run_id)}
-        assert {"history.parquet", "ledger.parquet", "clients.csv"} <= names
+        _check_child_run(client, child, parent.info.run_id)
     names = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"config.yaml", "results.parquet", "results.csv", "summary.parquet",
             "results.txt"} <= names

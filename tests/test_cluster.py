@@ -28,6 +28,7 @@ from raydg.tracking.backup import restore
 from tests.conftest import assert_same_as_on_a_local_ray, free_ports, wait_for_head
 
 ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the venv's: ray, and the python that jobs run
 TINY = {"dataset": "digits-style", "target": "sketch", "rounds": 5, "local_steps": 4,
         "batch_size": 16, "val_every": 2, "seeds": [0, 1], "checkpoint_every": 1}
 
@@ -95,28 +96,50 @@ def test_two_node_cluster_places_federations_on_both_nodes_with_single_node_resu
     assert_same_as_on_a_local_ray(cfg, spread, lost)
 
 
-def test_jobs_submitted_to_a_local_head_log_to_mlflow_back_it_up_and_pass_the_smoke_check(
-        tmp_path):
-    """A run job (an experiment name with a space, ``--address=``) finishes, logs to MLflow and
-    backs the store up (a folder stands in for the bucket); the smoke job for the head's node
-    type lands on it (its raydg-node-head resource) and passes ``raydg doctor``."""
-    bin_dir = Path(sys.executable).parent
-    # its own temp dir (short: Unix socket paths), so that no later ray.init() on this machine
-    # finds this head's address in /tmp/ray/ray_current_cluster once it is gone
-    temp_dir = tempfile.mkdtemp(prefix="raydg-head-", dir="/tmp")
+def _start_head(temp_dir: str, path: str) -> tuple[subprocess.Popen, int]:
+    """``ray start --head --block`` in ``temp_dir`` on free ports, with 2 CPUs, the head node
+    type's raydg-node-head resource and the dashboard (the jobs API), and ``path`` as PATH; once
+    it is up: its process and the dashboard's port."""
     names = ("port", "dashboard-port", "dashboard-agent-listen-port", "ray-client-server-port")
     ports = dict(zip(names, free_ports(len(names)), strict=True))
-    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"  # jobs run `python` from the venv
     head = subprocess.Popen(
-        [str(bin_dir / "ray"), "start", "--head", "--block", "--num-cpus", "2",
+        [str(BIN / "ray"), "start", "--head", "--block", "--num-cpus", "2",
          "--resources", '{"raydg-node-head": 1}', f"--temp-dir={temp_dir}",
          "--include-dashboard=true", "--dashboard-host", "127.0.0.1",
          *(f"--{name}={port}" for name, port in ports.items())],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PATH": path})
     wait_for_head(head)
+    return head, ports["dashboard-port"]
+
+
+def _check_the_runs_and_their_backup(db: Path, bucket: Path, restored: Path) -> None:
+    """The run job's experiment in the store ``db``: its parent and child runs FINISHED, the
+    child's one round logged; the backup in ``bucket``, restored to ``restored``, holds both."""
+    client = MlflowClient(f"sqlite:///{db}")
+    runs = client.search_runs([client.get_experiment_by_name("cluster smoke").experiment_id])
+    assert sorted(("mlflow.parentRunId" in r.data.tags, r.info.status) for r in runs) == [
+        (False, "FINISHED"), (True, "FINISHED")]
+    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    assert [m.step for m in client.get_metric_history(child.info.run_id, "val_acc")] == [1]
+    restore(str(bucket), restored)
+    again = MlflowClient(f"sqlite:///{restored}")
+    assert len(again.search_runs([again.get_experiment_by_name("cluster smoke").experiment_id
+                                  ])) == 2
+
+
+def test_jobs_submitted_to_a_local_head_log_to_mlflow_back_it_up_and_pass_the_smoke_check(
+        tmp_path):
+    """A run job (an experiment name with a space, ``--address=``) finishes, logs to MLflow and
+    backs the store up (a folder stands in for the bucket); the smoke job for the head's node
+    type lands on it (its raydg-node-head resource) and passes ``raydg doctor``."""
+    # its own temp dir (short: Unix socket paths), so that no later ray.init() on this machine
+    # finds this head's address in /tmp/ray/ray_current_cluster once it is gone
+    temp_dir = tempfile.mkdtemp(prefix="raydg-head-", dir="/tmp")
+    path = f"{BIN}{os.pathsep}{os.environ['PATH']}"  # jobs run `python` from the venv
+    head, dashboard = _start_head(temp_dir, path)
     db, bucket = tmp_path / "mlflow.db", tmp_path / "bucket" / "mlflow-backups"
-    address = f"--address=http://127.0.0.1:{ports['dashboard-port']}"
+    address = f"--address=http://127.0.0.1:{dashboard}"
     env = {**os.environ, "PATH": path, "RAYDG_STORAGE": str(tmp_path / "results"),
            "MLFLOW_TRACKING_URI": f"sqlite:///{db}", "RAYDG_MLFLOW_DB": str(db),
            "RAYDG_MLFLOW_BACKUPS": str(bucket), "RAYDG_JOBS_LOG": str(tmp_path / "jobs.tsv")}
@@ -139,17 +162,7 @@ def test_jobs_submitted_to_a_local_head_log_to_mlflow_back_it_up_and_pass_the_sm
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "succeeded" in job.stderr
-    client = MlflowClient(f"sqlite:///{db}")
-    runs = client.search_runs([client.get_experiment_by_name("cluster smoke").experiment_id])
-    assert sorted(("mlflow.parentRunId" in r.data.tags, r.info.status) for r in runs) == [
-        (False, "FINISHED"), (True, "FINISHED")]
-    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
-    assert [m.step for m in client.get_metric_history(child.info.run_id, "val_acc")] == [1]
-    restored = tmp_path / "restored.db"  # the backup the job made holds the runs
-    restore(str(bucket), restored)
-    again = MlflowClient(f"sqlite:///{restored}")
-    assert len(again.search_runs([again.get_experiment_by_name("cluster smoke").experiment_id
-                                  ])) == 2
+    _check_the_runs_and_their_backup(db, bucket, tmp_path / "restored.db")
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
     assert "doctor: OK" in checked.stderr and "GPUs torch sees: 0" in checked.stderr
     ids = [line.split("\t")[0] for line in (tmp_path / "jobs.tsv").read_text().splitlines()]

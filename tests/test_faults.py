@@ -19,6 +19,7 @@ import numpy as np
 import psutil
 import pytest
 from mlflow import MlflowClient
+from mlflow.entities import Run
 from ray.tune import ExperimentAnalysis
 
 from raydg.config import RunConfig
@@ -132,10 +133,10 @@ def _left(procs: list[psutil.Process]) -> list[str]:
     return [" ".join(p.cmdline()) for p in alive]
 
 
-def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path):
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    env = {**os.environ, "RAYDG_STORAGE": str(tmp_path / "results")}
-    # seed 1 waits for seed 0 (one at a time): stopped before it ever starts
+def _stopped_with_ctrl_c(uri: str, env: dict[str, str]) -> tuple[str, Run]:
+    """Seeds 0 and 1, one at a time, stopped by SIGINT in seed 0's round 4 (seed 1 never
+    starts): 130, no Ray log, nothing left running, both runs KILLED. The experiment's folder
+    (from the resume hint) and its parent run."""
     args = ["run", "digits-style", "--target", "sketch", "--method", "fedbn", "--clients", "4",
             "--rounds", "6", "--local-steps", "6", "--batch-size", "16", "--seed", "0",
             "--seed", "1", "--max-concurrent", "1", "--set", "val_every=2",
@@ -146,13 +147,18 @@ def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path)
     assert ray_lines(printed) == []
     assert _left(under) == []
     (resume,) = [line for line in printed.splitlines() if "continue with: raydg resume" in line]
-    directory = resume.split("raydg resume ")[1].strip()
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
     assert {r.info.status for r in runs} == {"KILLED"} and len(runs) == 2
     parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
-    # the checkpoint that sketch-s0 continues from (Tune's experiment state names it; newer
-    # ones may be on disk) corrupt: the resume stops before anything runs, naming the file
+    return resume.split("raydg resume ")[1].strip(), parent
+
+
+def _break_the_checkpoints(directory: str, env: dict[str, str]) -> Path:
+    """sketch-s0's checkpoints as a crash leaves them: the one it continues from (Tune's state
+    names it; newer ones may be on disk) corrupt, then gone, a resume stops at once in one line
+    naming it; then intact, but the older one deleted, as a kill after Tune deleted it but
+    before it saved its state leaves it (a resume goes on without it): the older one's path."""
     (trial,) = [t for t in ExperimentAnalysis(directory).trials
                 if t.config["federation"]["key"] == "sketch-s0"]
     latest = Path(trial.run_metadata.checkpoint_manager.latest_checkpoint_result.checkpoint.path)
@@ -171,19 +177,25 @@ def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path)
     assert f"raydg: error: checkpoint {latest}, which the experiment's state names as the last" \
         " of sketch-s0, is gone" in printed
     latest.with_name("away").rename(latest)
-    # a kill after Tune deleted the trial's older checkpoint but before it saved the experiment
-    # state leaves the state naming a folder that is gone: resumed, no traceback for it
     (older,) = [Path(r.checkpoint.path) for r in
                 trial.run_metadata.checkpoint_manager.best_checkpoint_results
                 if Path(r.checkpoint.path) != latest]
     shutil.rmtree(older)
+    return older
 
+
+def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {**os.environ, "RAYDG_STORAGE": str(tmp_path / "results")}
+    directory, parent = _stopped_with_ctrl_c(uri, env)
+    older = _break_the_checkpoints(directory, env)
     again = _cli("resume", parent.info.run_id, "--tracking-uri", uri, env=env)
     printed, _ = again.communicate(timeout=300)
     assert again.returncode == 0, printed[-2000:]
     assert f"resuming the experiment in {directory}" in printed
-    assert "Traceback" not in printed and not older.exists()
+    assert "Traceback" not in printed and not older.exists()  # resumed without the older one
     assert ray_lines(printed) == []  # Tune's "Restored on ... from checkpoint" among them
+    client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
     assert {r.info.status for r in runs} == {"FINISHED"} and len(runs) == 3  # + seed 1's
     assert parent.info.run_id in {r.info.run_id for r in runs}  # the same parent run

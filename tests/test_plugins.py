@@ -118,6 +118,37 @@ def test_an_installed_packages_entry_point_is_loaded_with_its_version(tmp_path, 
         plugins.load([str(L2R)])
 
 
+def _importable_on(address: str, node_id: str, module: str) -> bool:
+    """Whether a Ray worker on node ``node_id`` of the cluster at ``address`` finds ``module``."""
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        here = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        def importable(name: str) -> bool:  # local: pickled by value, not by module
+            import importlib.util
+
+            return importlib.util.find_spec(name) is not None
+
+        return ray.get(ray.remote(importable).options(scheduling_strategy=here).remote(module))
+    finally:
+        ray.shutdown()
+
+
+def _check_the_l2r_run(uri: str, worker_id: str, tmp_path: Path) -> None:
+    """The "plugin" experiment's l2r run in ``uri``: its parent names the plugin file, it logs
+    its L2R term and trains, and a client actor of it ran on the node ``worker_id``."""
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("plugin").experiment_id])
+    l2r, = (r for r in runs if r.data.params.get("method") == "l2r"
+            and "mlflow.parentRunId" in r.data.tags)
+    parent, = (r for r in runs if r.info.run_id == l2r.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["raydg.plugin.raydg_example_l2r"].startswith(f"{L2R} (sha256 ")
+    norm = [m.value for m in client.get_metric_history(l2r.info.run_id, "l2r/norm")]
+    loss = [m.value for m in client.get_metric_history(l2r.info.run_id, "train_loss")]
+    assert len(norm) == 3 and all(v > 0 for v in norm) and loss[-1] < loss[0]  # it trains
+    placement = client.download_artifacts(l2r.info.run_id, "placement.csv", str(tmp_path))
+    assert worker_id[:8] in Path(placement).read_text()  # a client actor ran there
+
+
 def test_the_example_method_trains_on_a_two_node_cluster_and_reports_beside_fedavg(
         tmp_path, monkeypatch, forget):
     """The worker node's processes cannot import the example (checked); raydg ships it. One of
@@ -136,36 +167,14 @@ def test_the_example_method_trains_on_a_two_node_cluster_and_reports_beside_feda
     try:
         worker = cluster.add_node(num_cpus=2)
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
-        try:
-            here = NodeAffinitySchedulingStrategy(worker.node_id, soft=False)
-            def importable(name: str) -> bool:  # local: pickled by value, not by module
-                import importlib.util
-
-                return importlib.util.find_spec(name) is not None
-
-            found = ray.get(ray.remote(importable).options(scheduling_strategy=here).remote(
-                "raydg_example_l2r"))
-        finally:
-            ray.shutdown()
-        assert found is False
+        assert _importable_on(cluster.address, worker.node_id, "raydg_example_l2r") is False
         runner = CliRunner()
         done = runner.invoke(cli, ["run", *common, cluster.address, "--plugin", str(L2R),
                                    "--grid", "method=l2r,fedavg"])
         assert done.exit_code == 0, done.output
     finally:
         cluster.shutdown()
-    client = MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("plugin").experiment_id])
-    l2r, = (r for r in runs if r.data.params.get("method") == "l2r"
-            and "mlflow.parentRunId" in r.data.tags)
-    parent, = (r for r in runs if r.info.run_id == l2r.data.tags["mlflow.parentRunId"])
-    assert parent.data.tags["raydg.plugin.raydg_example_l2r"].startswith(f"{L2R} (sha256 ")
-    norm = [m.value for m in client.get_metric_history(l2r.info.run_id, "l2r/norm")]
-    loss = [m.value for m in client.get_metric_history(l2r.info.run_id, "train_loss")]
-    assert len(norm) == 3 and all(v > 0 for v in norm) and loss[-1] < loss[0]  # it trains
-    placement = client.download_artifacts(l2r.info.run_id, "placement.csv", str(tmp_path))
-    assert worker.node_id[:8] in Path(placement).read_text()  # a client actor ran there
+    _check_the_l2r_run(uri, worker.node_id, tmp_path)
     report = runner.invoke(cli, ["report", "--tracking-uri", uri, "--experiment", "plugin"])
     assert report.exit_code == 0, report.output
     table = report.stdout.split("\n\n")[0].splitlines()

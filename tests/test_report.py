@@ -1,17 +1,15 @@
-"""``raydg report`` on a store written by real runs: its numbers against ones computed here from
-the runs' per-round metrics, runs that differ in a setting kept apart, every output format, the
-curves figure, bad input, and what the MLflow UI server shows of a raydg store."""
+"""``raydg report`` on a store written by real runs (tests/report_runs.py): its numbers against
+ones computed here from the runs' per-round metrics, runs that differ in a setting kept apart,
+every output format, the curves figure, bad input, and what the MLflow UI server shows of a raydg
+store. Stores written run by run, and none: test_report_without_runs.py."""
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import re
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import matplotlib.figure
 import numpy as np
@@ -22,92 +20,39 @@ from click.testing import CliRunner
 from mlflow import MlflowClient
 from mlflow.artifacts import download_artifacts
 from PIL import Image
-from scipy import stats
 
 from raydg.cli import cli
 from raydg.config import RunConfig
 from raydg.errors import RaydgError
 from raydg.experiment import run_experiment
 from raydg.reporting import pages, rows
-from raydg.results import UNIT_TAG, holm
 from tests.conftest import free_ports
-
-TARGETS = ("M0", "M45")
-SEEDS = (0, 1)
-METHODS = ("fedavg", "fedbn")
-EXPERIMENT = "report-test"
-
-
-def _run(uri: str, method: str, target: str, **overrides) -> None:
-    cfg = RunConfig(dataset="digits-rot", method=method, target=target, seeds=list(SEEDS),
-                    rounds=2, local_steps=3, batch_size=16, tracking_uri=uri,
-                    experiment=EXPERIMENT, **overrides)
-    run_experiment(cfg, out=lambda _: None, progress="none")
+from tests.report_runs import (
+    EXPERIMENT,
+    METHODS,
+    SEEDS,
+    TARGETS,
+    child_runs,
+    expected_table,
+    paired_interval,
+    report,
+    report_csv,
+    write_runs,
+)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, ray_session) -> str:
-    """2 methods x 2 targets x 2 seeds, each (method, target) its own ``raydg run``, and one
-    more fedavg run on M0 with another learning rate."""
+    """The runs of ``write_runs`` in a store of this module's (on one Ray for the module)."""
     uri = f"sqlite:///{tmp_path_factory.mktemp('store')}/mlflow.db"
-    for method in METHODS:
-        for target in TARGETS:
-            _run(uri, method, target)
-    _run(uri, "fedavg", "M0", lr=0.5)
+    write_runs(uri)
     return uri
-
-
-def _invoke(uri: str, *args: str):
-    return CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--experiment", EXPERIMENT,
-                                    *args])
-
-
-def _children(uri: str, lr: str | None = None) -> list:
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(EXPERIMENT)
-    runs = [r for r in client.search_runs([exp.experiment_id])
-            if "raydg.target" in r.data.tags]
-    return [r for r in runs if lr is None or r.data.params["lr"] == lr]
-
-
-def _expected(uri: str, selection: str, lr: str) -> dict[str, dict[str, float]]:
-    """Per method: mean and std over seeds per target and of the per-seed Avg, from each run's
-    logged ``val_acc`` / ``target_acc`` per round (selected: the first round of best source
-    validation accuracy; last; oracle: the best target accuracy)."""
-    client = MlflowClient(uri)
-    acc: dict[tuple[str, str, int], float] = {}
-    for run in _children(uri, lr):
-        val = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "val_acc"),
-                                       key=lambda m: m.step)]
-        target = [m.value for m in sorted(
-            client.get_metric_history(run.info.run_id, "target_acc"), key=lambda m: m.step)]
-        pick = {"selected": target[int(np.argmax(val))], "last": target[-1],
-                "oracle": max(target)}[selection]
-        tags = run.data.tags
-        acc[tags["raydg.method"], tags["raydg.target"], int(tags["raydg.seed"])] = pick
-    out = {}
-    for method in METHODS:
-        row = {}
-        for t in TARGETS:
-            values = [acc[method, t, s] for s in SEEDS]
-            row[t], row[t + "_std"] = np.mean(values), np.std(values, ddof=1)
-        per_seed = [np.mean([acc[method, t, s] for t in TARGETS]) for s in SEEDS]
-        row["Avg"], row["Avg_std"] = np.mean(per_seed), np.std(per_seed, ddof=1)
-        row["per_seed"] = per_seed
-        out[method] = row
-    return out
-
-
-def _csv(uri: str, *args: str) -> list[dict[str, str]]:
-    result = _invoke(uri, "--format", "csv", *args)
-    assert result.exit_code == 0, result.output
-    return list(csv.DictReader(io.StringIO(result.stdout)))
 
 
 @pytest.mark.parametrize("selection", ["selected", "last", "oracle"])
 def test_report_numbers_match_the_runs_metrics(store, selection):
-    rows = _csv(store, "--selection", selection, "--filter", "params.lr = '0.05'")
-    expected = _expected(store, selection, "0.05")
+    rows = report_csv(store, "--selection", selection, "--filter", "params.lr = '0.05'")
+    expected = expected_table(store, selection, "0.05")
     assert [r["method"] for r in rows] == list(METHODS)
     for r in rows:
         assert r["seeds"] == "2"
@@ -118,41 +63,39 @@ def test_report_numbers_match_the_runs_metrics(store, selection):
 
 
 def test_runs_with_another_lr_are_a_table_of_their_own(store):
-    result = _invoke(store)
+    result = report(store)
     assert result.exit_code == 0, result.output
     assert result.output.startswith("2 tables: the runs differ in lr, which are never averaged")
-    rows = _csv(store)
+    rows = report_csv(store)
     assert sorted((r["lr"], r["method"]) for r in rows) == [
         ("0.05", "fedavg"), ("0.05", "fedbn"), ("0.5", "fedavg")]
     other = next(r for r in rows if r["lr"] == "0.5")
-    run = _children(store, "0.5")
+    run = child_runs(store, "0.5")
     assert len(run) == 2 and other["seeds"] == "2" and other["M45"] == ""  # M0 only
     mine = [r.data.metrics["final/target_acc_selected/global"] for r in run]
     assert float(other["M0"]) == pytest.approx(np.mean(mine), abs=1e-9)
     default = next(r for r in rows if (r["lr"], r["method"]) == ("0.05", "fedavg"))
     assert float(default["M0"]) == pytest.approx(
-        _expected(store, "selected", "0.05")["fedavg"]["M0"], abs=1e-9)
+        expected_table(store, "selected", "0.05")["fedavg"]["M0"], abs=1e-9)
 
 
 def test_versus_is_the_paired_difference_with_a_t_interval(store):
-    result = _invoke(store, "--filter", "params.lr = '0.05'", "--versus", "fedavg",
-                     "--format", "json")
+    result = report(store, "--filter", "params.lr = '0.05'", "--versus", "fedavg",
+                    "--format", "json")
     assert result.exit_code == 0, result.output
     fedbn = next(r for r in json.loads(result.stdout) if r["method"] == "fedbn")
-    expected = _expected(store, "selected", "0.05")
-    d = np.subtract(expected["fedbn"]["per_seed"], expected["fedavg"]["per_seed"])
-    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
-    mean, _, width = fedbn["vs fedavg (95% CI)"].partition(" ± ")
-    assert float(mean) == pytest.approx(d.mean(), abs=0.005)
+    mean, half = paired_interval(expected_table(store, "selected", "0.05"), "fedbn", "fedavg")
+    shown, _, width = fedbn["vs fedavg (95% CI)"].partition(" ± ")
+    assert float(shown) == pytest.approx(mean, abs=0.005)
     assert float(width) == pytest.approx(half, abs=0.005)
 
 
 def test_ledger_and_timing_columns(store):
-    rows = {r["method"]: r for r in _csv(store, "--filter", "params.lr = '0.05'", "--ledger",
-                                         "--timing")}
+    rows = {r["method"]: r for r in report_csv(store, "--filter", "params.lr = '0.05'",
+                                               "--ledger", "--timing")}
     client = MlflowClient(store)
     for method in METHODS:
-        runs = [r for r in _children(store, "0.05") if r.data.tags["raydg.method"] == method]
+        runs = child_runs(store, "0.05", method)
         ledger = pq.read_table(download_artifacts(
             run_id=runs[0].info.run_id, artifact_path="ledger.parquet",
             tracking_uri=store)).to_pylist()
@@ -168,10 +111,10 @@ def test_paper_numbers_beside_the_measured(store, tmp_path):
     config = tmp_path / "paper.yaml"
     config.write_text("dataset: digits-rot\npaper:\n  source: Test et al.\n  selection: last\n"
                       "  accuracy:\n    fedbn: {M0: 50.0, M45: 40.0, Avg: 45.0}\n")
-    result = _invoke(store, "--filter", "params.lr = '0.05'", "--paper", str(config))
+    result = report(store, "--filter", "params.lr = '0.05'", "--paper", str(config))
     assert result.exit_code == 0, result.output
     assert "last round" in result.output.splitlines()[0]  # the paper's selection by default
-    expected = _expected(store, "last", "0.05")["fedbn"]
+    expected = expected_table(store, "last", "0.05")["fedbn"]
     lines = result.output.splitlines()
     paper = next(i for i, line in enumerate(lines) if line.strip().startswith("Test et al."))
     assert lines[paper].split()[-3:] == ["50.00", "40.00", "45.00"]
@@ -181,7 +124,7 @@ def test_paper_numbers_beside_the_measured(store, tmp_path):
 
 
 def test_markdown_and_latex_shapes(store):
-    md = _invoke(store, "--format", "markdown").stdout.strip().split("\n\n")
+    md = report(store, "--format", "markdown").stdout.strip().split("\n\n")
     assert len(md) == 4 and md[0].startswith("**Accuracy") and md[2].startswith("**Accuracy")
     headers = []
     for table in md[1::2]:
@@ -191,7 +134,7 @@ def test_markdown_and_latex_shapes(store):
         assert all(line.startswith("| ") and line.count("|") == cells + 1 for line in lines[2:])
         headers.append([c.strip() for c in lines[0].split("|")[1:-1]])
     assert headers == [["Method", "M0", "M45", "Avg"], ["Method", "M0", "Avg"]]
-    tex = _invoke(store, "--format", "latex").stdout
+    tex = report(store, "--format", "latex").stdout
     assert tex.count(r"\begin{tabular}") == tex.count(r"\end{tabular}") == 2
     blocks = re.findall(r"\\begin\{tabular\}\{(lr*)\}(.*?)\\end\{tabular\}", tex, re.S)
     assert [spec for spec, _ in blocks] == ["lrrr", "lrr"]
@@ -216,7 +159,7 @@ def test_plot_is_one_titled_figure_per_table_with_a_panel_per_target(store, tmp_
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
     path = tmp_path / "curves.png"
-    result = _invoke(store, "--filter", "params.lr = '0.05'", "--plot", str(path))
+    result = report(store, "--filter", "params.lr = '0.05'", "--plot", str(path))
     assert result.exit_code == 0, result.output
     with Image.open(path) as image:  # panels in rows of three: no strip MLflow cannot show
         assert image.format == "PNG" and image.size[0] < 2 * image.size[1]
@@ -225,7 +168,7 @@ def test_plot_is_one_titled_figure_per_table_with_a_panel_per_target(store, tmp_
     assert panels == [f"held out: {t}" for t in TARGETS]
     assert f"figure of table 1 written to {path}" in result.stderr
     figures.clear()
-    result = _invoke(store, "--plot", str(path))  # two tables (lr): a figure each, named so
+    result = report(store, "--plot", str(path))  # two tables (lr): a figure each, named so
     assert result.exit_code == 0, result.output
     paths = [tmp_path / f"curves-lr={lr}.png" for lr in ("0.05", "0.5")]
     assert all(p.exists() for p in paths) and [f[0].split("\n")[0] for f in figures] == [
@@ -235,21 +178,21 @@ def test_plot_is_one_titled_figure_per_table_with_a_panel_per_target(store, tmp_
 
 
 def test_per_round_is_the_mean_of_the_runs_histories(store):
-    rows = _invoke(store, "--filter", "params.lr = '0.05'", "--per-round", "train_loss",
-                   "--format", "json")
+    rows = report(store, "--filter", "params.lr = '0.05'", "--per-round", "train_loss",
+                  "--format", "json")
     assert rows.exit_code == 0, rows.output
     curves = [r for r in json.loads(rows.stdout) if r.get("metric") == "train_loss"]
     client = MlflowClient(store)
     assert [r["method"] for r in curves] == list(METHODS)
     for row in curves:
-        runs = [r for r in _children(store, "0.05") if r.data.tags["raydg.method"] == row["method"]]
+        runs = child_runs(store, "0.05", row["method"])
         per_run = [sorted(client.get_metric_history(r.info.run_id, "train_loss"),
                           key=lambda m: m.step) for r in runs]
         assert len(runs) == len(TARGETS) * len(SEEDS) and all(len(h) == 2 for h in per_run)
         for rnd in (1, 2):
             assert row[f"round {rnd}"] == pytest.approx(
                 np.mean([h[rnd - 1].value for h in per_run]), abs=1e-12)
-    console = _invoke(store, "--filter", "params.lr = '0.05'", "--per-round", "val_acc").stdout
+    console = report(store, "--filter", "params.lr = '0.05'", "--per-round", "val_acc").stdout
     assert "val_acc per round (%), mean over held-out domains and seeds" in console
 
 
@@ -273,7 +216,7 @@ def test_bad_input_is_one_line(store, tmp_path, args, message):
 
 
 def test_an_empty_result_says_so_and_exits_1(store):
-    result = _invoke(store, "--method", "gperxan")
+    result = report(store, "--method", "gperxan")
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert result.stderr.strip().startswith("raydg: no raydg runs match")
 
@@ -320,7 +263,7 @@ def test_logged_models_load_in_two_lines_and_score_the_logged_accuracies(store):
     import raydg
     from raydg.datasets import load_dataset
 
-    run = next(r for r in _children(store, "0.05") if r.data.tags["raydg.method"] == "fedavg")
+    run = child_runs(store, "0.05", "fedavg")[0]
     test = load_dataset("digits-rot", None, None).domain(run.data.tags["raydg.target"])
     metrics = run.data.metrics
     for which, selection in (("final", "last"), ("selected", "selected")):
@@ -331,76 +274,6 @@ def test_logged_models_load_in_two_lines_and_score_the_logged_accuracies(store):
     assert model.classes == [str(c) for c in range(10)] and not model.module.training
     with pytest.raises(RaydgError, match=r"has no logged model: .*\(a child run"):  # parent
         raydg.load_model(run.data.tags["mlflow.parentRunId"], tracking_uri=store)
-
-
-def test_runs_of_an_older_raydg_that_lack_a_setting_are_a_table_of_their_own(tmp_path):
-    """A param that older runs never logged separates their table and is shown as unset."""
-    uri = f"sqlite:///{tmp_path}/old.db"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("old-and-new")
-    new = {"client_size": "None"}
-    for seed, extra in ((0, {}), (1, {}), (0, new), (1, new)):
-        run = client.create_run(exp, tags={"raydg.target": "M0", "raydg.method": "fedavg",
-                                           "raydg.seed": str(seed), "raydg.dataset": "digits-rot"})
-        for key, value in {"dataset": "digits-rot", "lr": "0.05", **extra}.items():
-            client.log_param(run.info.run_id, key, value)
-        client.log_metric(run.info.run_id, "final/target_acc_selected/global", 0.5 + 0.1 * seed)
-        client.set_terminated(run.info.run_id)
-    result = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--format", "json"])
-    assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
-    assert sorted(r["client_size"] for r in rows) == ["(unset)", "None"]
-    assert all(r["M0"] == pytest.approx(55.0) for r in rows)
-
-
-def test_accuracies_an_older_raydg_logged_as_fractions_are_reported_in_percent(tmp_path):
-    """Runs without the unit tag (raydg before accuracies were percent in MLflow) hold
-    fractions; beside runs tagged ``percent`` the report shows both in percent."""
-    uri = f"sqlite:///{tmp_path}/units.db"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("units")
-    for seed, (unit, scale) in enumerate(((None, 0.01), ("percent", 1.0))):
-        tags = {"raydg.target": "M0", "raydg.method": "fedavg", "raydg.seed": str(seed),
-                "raydg.dataset": "digits-rot", **({UNIT_TAG: unit} if unit else {})}
-        run_id = client.create_run(exp, tags=tags).info.run_id
-        client.log_param(run_id, "dataset", "digits-rot")
-        for step, acc in ((1, 40.0), (2, 60.0)):
-            client.log_metric(run_id, "target_acc", scale * acc, step=step)
-            client.log_metric(run_id, "round_seconds", 0.5, step=step)
-        client.log_metric(run_id, "final/target_acc_selected/global", scale * 60.0)
-        client.set_terminated(run_id)
-    result = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--format", "json",
-                                      "--per-round", "target_acc", "--per-round",
-                                      "round_seconds"])
-    assert result.exit_code == 0, result.output
-    table, *rounds = json.loads(result.stdout)
-    assert table["M0"] == pytest.approx(60.0) and table["M0_std"] == pytest.approx(0.0)
-    assert [(r["metric"], r["round 1"], r["round 2"]) for r in rounds] == [
-        ("target_acc", pytest.approx(40.0), pytest.approx(60.0)),
-        ("round_seconds", pytest.approx(0.5), pytest.approx(0.5))]  # not an accuracy
-
-
-def test_a_run_repeated_by_a_later_one_counts_once_and_is_named(tmp_path):
-    """Seed 0 run twice with the same settings (say, by a grid and by a sweep): the table
-    counts it once, with its latest run's accuracy, and says which run it left out."""
-    uri = f"sqlite:///{tmp_path}/twice.db"
-    client = MlflowClient(uri)
-    exp = client.create_experiment("twice")
-    ids = []
-    for seed, acc in ((0, 50.0), (1, 70.0), (0, 60.0)):
-        tags = {"raydg.target": "M0", "raydg.method": "fedavg", "raydg.seed": str(seed),
-                "raydg.dataset": "digits-rot", UNIT_TAG: "percent"}
-        ids.append(client.create_run(exp, tags=tags).info.run_id)
-        client.log_param(ids[-1], "dataset", "digits-rot")
-        client.log_metric(ids[-1], "final/target_acc_selected/global", acc)
-        client.set_terminated(ids[-1])
-    result = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--format", "json"])
-    assert result.exit_code == 0, result.output
-    (row,) = json.loads(result.stdout)
-    assert row["seeds"] == 2 and row["M0"] == pytest.approx(65.0)  # (60 + 70) / 2
-    assert row["M0_std"] == pytest.approx(np.std([60.0, 70.0], ddof=1))
-    assert ("Counted once (the latest run of each): 1 run repeats another's method, settings, "
-            f"target and seed: fedavg M0 seed=0 ({ids[0][:8]})") in result.stderr
 
 
 def test_rows_name_the_options_that_are_not_the_papers(tmp_path, ray_session):
@@ -423,13 +296,12 @@ def test_rows_name_the_options_that_are_not_the_papers(tmp_path, ray_session):
 
 
 def test_metric_is_the_mean_of_a_final_metric_over_each_methods_runs(store):
-    rows = _csv(store, "--metric", "steps_per_client", "--filter", "params.lr != '0.5'")
+    rows = report_csv(store, "--metric", "steps_per_client", "--filter", "params.lr != '0.5'")
     for row in rows:
-        runs = [r for r in _children(store, "0.05")
-                if r.data.tags["raydg.method"] == row["method"]]
+        runs = child_runs(store, "0.05", row["method"])
         expected = np.mean([r.data.metrics["steps_per_client"] for r in runs])
         assert float(row["steps_per_client"]) == pytest.approx(expected, rel=1e-3)
-    result = _invoke(store, "--metric", "final/nothing")
+    result = report(store, "--metric", "final/nothing")
     assert result.exit_code == 2 and "no matching finished run logged it" in result.output
 
 
@@ -439,10 +311,10 @@ def test_a_runs_file_reports_what_its_store_does(store, tmp_path):
     when exported again."""
     path = tmp_path / "runs.json.gz"
     args = ["--versus", "fedavg", "--per-round", "val_acc", "--format", "markdown"]
-    exported = _invoke(store, "--export", str(path), *args)
+    exported = report(store, "--export", str(path), *args)
     assert exported.exit_code == 0, exported.output
     data = rows.load(path)
-    children = _children(store)
+    children = child_runs(store)
     assert sorted(r["run_id"] for r in data["runs"]) == sorted(r.info.run_id for r in children)
     one = children[0]
     assert dict(map(tuple, next(r for r in data["runs"] if r["run_id"] == one.info.run_id)
@@ -452,9 +324,9 @@ def test_a_runs_file_reports_what_its_store_does(store, tmp_path):
                   ["--filter", "params.lr != '0.5' and tags.`raydg.target` = 'M0'"]):
         from_rows = CliRunner().invoke(cli, ["report", "--rows", str(path), *args, *extra])
         assert from_rows.exit_code == 0, from_rows.output
-        assert from_rows.stdout == _invoke(store, *args, *extra).stdout
+        assert from_rows.stdout == report(store, *args, *extra).stdout
     again = tmp_path / "again.json.gz"
-    assert _invoke(store, "--export", str(again), *args).exit_code == 0
+    assert report(store, "--export", str(again), *args).exit_code == 0
     assert again.read_bytes() == path.read_bytes()
 
 
@@ -465,38 +337,29 @@ def test_a_runs_file_reports_what_its_store_does(store, tmp_path):
 ])
 def test_a_runs_file_refuses_what_it_cannot_answer(store, tmp_path, args, message):
     path = tmp_path / "runs.json.gz"
-    assert _invoke(store, "--export", str(path)).exit_code == 0
+    assert report(store, "--export", str(path)).exit_code == 0
     result = CliRunner().invoke(cli, ["report", "--rows", str(path), *args])
     assert result.exit_code == 2 and message in result.output, result.output
-
-
-def test_holm_matches_a_hand_computation():
-    """Holm (1979) on p = (0.01, 0.04, 0.03, 0.5): sorted 0.01, 0.03, 0.04, 0.5 times 4, 3,
-    2, 1 = 0.04, 0.09, 0.08 -> 0.09 (monotone), 0.5."""
-    assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
-    assert holm([0.3, 0.6]) == pytest.approx([0.6, 0.6])
 
 
 def test_a_page_template_is_filled_from_runs_files(store, tmp_path):
     """A ``report`` block becomes its command and tables; references become its numbers,
     which are the ones computed here from the runs' histories; a missing runs file says so;
     an unknown method is an error, not a blank."""
-    assert _invoke(store, "--export", str(tmp_path / "two.json.gz"),
-                   "--filter", "params.lr != '0.5'").exit_code == 0
+    assert report(store, "--export", str(tmp_path / "two.json.gz"),
+                  "--filter", "params.lr != '0.5'").exit_code == 0
     template = ("```report\nid: q\nrows: two\nversus: fedavg\nper_round: [val_acc]\n```\n"
                 "FedBN {{q | fedbn | Avg}} ({{q | fedbn | vs fedavg (95% CI)}}), round 2 "
                 "{{q | fedavg | val_acc round 2}}.\n"
                 "```report\nid: later\nrows: absent\nmake: python make.py x\n```\n"
                 "{{later | fedavg | Avg}}\n")
     page = pages.render(template, tmp_path)
-    expected = _expected(store, "selected", "0.05")
-    d = np.array(expected["fedbn"]["per_seed"]) - np.array(expected["fedavg"]["per_seed"])
-    half = stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    expected = expected_table(store, "selected", "0.05")
+    mean, half = paired_interval(expected, "fedbn", "fedavg")
     client = MlflowClient(store)
-    val2 = np.mean([m.value for r in _children(store, "0.05") if r.data.tags["raydg.method"]
-                    == "fedavg" for m in client.get_metric_history(r.info.run_id, "val_acc")
-                    if m.step == 2])
-    assert (f"FedBN {expected['fedbn']['Avg']:.2f} ({d.mean():+.2f} ± {half:.2f}), round 2 "
+    val2 = np.mean([m.value for r in child_runs(store, "0.05", "fedavg")
+                    for m in client.get_metric_history(r.info.run_id, "val_acc") if m.step == 2])
+    assert (f"FedBN {expected['fedbn']['Avg']:.2f} ({mean:+.2f} ± {half:.2f}), round 2 "
             f"{val2:.4g}.") in page
     assert page.startswith(f"```\nraydg report --rows {tmp_path / 'two.json.gz'} --versus "
                            "fedavg --per-round val_acc --format markdown\n```\n\n**Accuracy")
@@ -506,46 +369,13 @@ def test_a_page_template_is_filled_from_runs_files(store, tmp_path):
         pages.render(template.replace("q | fedbn | Avg", "q | fedprox | Avg"), tmp_path)
 
 
-def test_a_diagnostic_block_is_its_functions_table(tmp_path):
-    diagnostics = {"d": lambda: ("Caption", [{"method": "a", "x": "1.5"},
-                                             {"method": "b", "x": "2"}])}
-    page = pages.render("```diagnostic\nid: q\nname: d\n```\nb has {{q | b | x}}.\n",
-                        tmp_path, diagnostics=diagnostics)
-    assert page == ("**Caption** (diagnostic `d`)\n\n|  | x |\n|---|---|\n| a | 1.5 |\n"
-                    "| b | 2 |\nb has 2.\n")
-    with pytest.raises(RaydgError, match="one of"):
-        pages.render("```diagnostic\nid: q\nname: e\n```\n", tmp_path, diagnostics=diagnostics)
-
-
-def test_report_creates_no_store_and_prints_a_papers_table_without_runs(tmp_path):
-    """No store where the report looks: one line, exit 1, nothing created; with --paper, the
-    published table alone (exit 0), its note on stderr."""
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    runner = CliRunner()
-    none = runner.invoke(cli, ["report", "--tracking-uri", uri])
-    assert none.exit_code == 1 and not (tmp_path / "mlflow.db").exists()
-    assert none.stderr.strip() == (f"raydg: no MLflow store at {tmp_path}/mlflow.db (runs write "
-                                   "one there; --tracking-uri or MLFLOW_TRACKING_URI names "
-                                   "another)")
-    paper = runner.invoke(cli, ["report", "--tracking-uri", uri, "--paper",
-                                str(Path(__file__).resolve().parents[1] / "configs"
-                                    / "csac-rotmnist.yaml")])
-    assert paper.exit_code == 0, paper.output
-    lines = paper.stdout.splitlines()
-    assert lines[0] == "Accuracy (%) published in CSAC Table 3"
-    fedavg, = (line.split() for line in lines if line.startswith("fedavg "))
-    assert fedavg == ["fedavg", "82.60", "98.56", "98.97", "93.66", "95.78", "86.30", "92.65"]
-    assert "no runs match: the published numbers alone" in paper.stderr
-    assert not (tmp_path / "mlflow.db").exists()
-
-
 def test_rows_with_fewer_seeds_say_so(store, tmp_path):
     """fedbn's seed 1 runs left out of a runs file: its row has one seed (no ± 0.00), the
     table says 1-2 seeds and gains a Seeds column."""
     import gzip
 
     full = tmp_path / "runs.json.gz"
-    assert _invoke(store, "--filter", "params.lr = '0.05'", "--export", str(full)).exit_code == 0
+    assert report(store, "--filter", "params.lr = '0.05'", "--export", str(full)).exit_code == 0
     data = json.loads(gzip.decompress(full.read_bytes()))
     data["runs"] = [r for r in data["runs"] if not (
         r["tags"].get("raydg.method") == "fedbn" and r["tags"].get("raydg.seed") == "1")]

@@ -80,14 +80,15 @@ def _processes_using(folder: str) -> list[str]:
     return found
 
 
-def test_sbatch_script_runs_raydg_on_a_one_node_job_and_stops_its_ray(tmp_path):
+def _job_env(tmp_path: Path, shared: Path, temp_dir: str) -> dict[str, str]:
+    """A one-node job's environment on this machine: the shims (written to ``tmp_path``/bin)
+    first on PATH, the Slurm variables, results in ``shared``, and a Ray with ``temp_dir``,
+    ports and a token of its own."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("scontrol", SCONTROL), ("srun", SRUN)):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
-    shared = tmp_path / "shared"  # what a cluster's nodes share (a home, a scratch folder)
-    temp_dir = tempfile.mkdtemp(prefix="rs-", dir="/tmp")  # short: Ray's Unix sockets
     ports = free_ports(4)
     env = {k: v for k, v in os.environ.items() if k not in UNSET}
     env.update({
@@ -101,6 +102,14 @@ def test_sbatch_script_runs_raydg_on_a_one_node_job_and_stops_its_ray(tmp_path):
         **dict(zip(("RAYDG_RAY_PORT", "RAYDG_RAY_CLIENT_PORT", "RAYDG_DASHBOARD_PORT",
                     "RAYDG_DASHBOARD_AGENT_PORT"), map(str, ports), strict=True)),
     })
+    return env
+
+
+def _run_job(tmp_path: Path, env: dict[str, str], temp_dir: str
+             ) -> tuple[subprocess.CompletedProcess, float, list[str]]:
+    """The script run by bash in ``tmp_path`` with ``env``: its result, its seconds, and the
+    processes of its Ray (in ``temp_dir``) still running 5 s after it ended; then whatever is
+    left of that Ray is killed and ``temp_dir`` removed."""
     started = time.monotonic()
     try:
         job = subprocess.run(
@@ -118,6 +127,13 @@ def test_sbatch_script_runs_raydg_on_a_one_node_job_and_stops_its_ray(tmp_path):
         for line in _processes_using(temp_dir):  # only what this test's Ray left: its temp dir
             subprocess.run(["kill", "-KILL", line.split(":")[0]], check=False)
         shutil.rmtree(temp_dir, ignore_errors=True)
+    return job, took, left
+
+
+def test_sbatch_script_runs_raydg_on_a_one_node_job_and_stops_its_ray(tmp_path):
+    shared = tmp_path / "shared"  # what a cluster's nodes share (a home, a scratch folder)
+    temp_dir = tempfile.mkdtemp(prefix="rs-", dir="/tmp")  # short: Ray's Unix sockets
+    job, took, left = _run_job(tmp_path, _job_env(tmp_path, shared, temp_dir), temp_dir)
     output = job.stdout[-3000:] + job.stderr[-4000:]
     assert job.returncode == 0, output
     print(f"sbatch script: {took:.1f} s")

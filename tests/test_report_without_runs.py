@@ -1,0 +1,128 @@
+"""``raydg report`` where nothing runs: stores written here run by run (an older raydg's runs,
+a run repeated by a later one), no store at all, the Holm correction, and a page's diagnostic
+blocks. On a store written by real runs: test_report.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from mlflow import MlflowClient
+
+from raydg.cli import cli
+from raydg.errors import RaydgError
+from raydg.reporting import pages
+from raydg.results import UNIT_TAG, holm
+
+
+def test_runs_of_an_older_raydg_that_lack_a_setting_are_a_table_of_their_own(tmp_path):
+    """A param that older runs never logged separates their table and is shown as unset."""
+    uri = f"sqlite:///{tmp_path}/old.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("old-and-new")
+    new = {"client_size": "None"}
+    for seed, extra in ((0, {}), (1, {}), (0, new), (1, new)):
+        run = client.create_run(exp, tags={"raydg.target": "M0", "raydg.method": "fedavg",
+                                           "raydg.seed": str(seed), "raydg.dataset": "digits-rot"})
+        for key, value in {"dataset": "digits-rot", "lr": "0.05", **extra}.items():
+            client.log_param(run.info.run_id, key, value)
+        client.log_metric(run.info.run_id, "final/target_acc_selected/global", 0.5 + 0.1 * seed)
+        client.set_terminated(run.info.run_id)
+    result = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert sorted(r["client_size"] for r in rows) == ["(unset)", "None"]
+    assert all(r["M0"] == pytest.approx(55.0) for r in rows)
+
+
+def test_accuracies_an_older_raydg_logged_as_fractions_are_reported_in_percent(tmp_path):
+    """Runs without the unit tag (raydg before accuracies were percent in MLflow) hold
+    fractions; beside runs tagged ``percent`` the report shows both in percent."""
+    uri = f"sqlite:///{tmp_path}/units.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("units")
+    for seed, (unit, scale) in enumerate(((None, 0.01), ("percent", 1.0))):
+        tags = {"raydg.target": "M0", "raydg.method": "fedavg", "raydg.seed": str(seed),
+                "raydg.dataset": "digits-rot", **({UNIT_TAG: unit} if unit else {})}
+        run_id = client.create_run(exp, tags=tags).info.run_id
+        client.log_param(run_id, "dataset", "digits-rot")
+        for step, acc in ((1, 40.0), (2, 60.0)):
+            client.log_metric(run_id, "target_acc", scale * acc, step=step)
+            client.log_metric(run_id, "round_seconds", 0.5, step=step)
+        client.log_metric(run_id, "final/target_acc_selected/global", scale * 60.0)
+        client.set_terminated(run_id)
+    result = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--format", "json",
+                                      "--per-round", "target_acc", "--per-round",
+                                      "round_seconds"])
+    assert result.exit_code == 0, result.output
+    table, *rounds = json.loads(result.stdout)
+    assert table["M0"] == pytest.approx(60.0) and table["M0_std"] == pytest.approx(0.0)
+    assert [(r["metric"], r["round 1"], r["round 2"]) for r in rounds] == [
+        ("target_acc", pytest.approx(40.0), pytest.approx(60.0)),
+        ("round_seconds", pytest.approx(0.5), pytest.approx(0.5))]  # not an accuracy
+
+
+def test_a_run_repeated_by_a_later_one_counts_once_and_is_named(tmp_path):
+    """Seed 0 run twice with the same settings (say, by a grid and by a sweep): the table
+    counts it once, with its latest run's accuracy, and says which run it left out."""
+    uri = f"sqlite:///{tmp_path}/twice.db"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("twice")
+    ids = []
+    for seed, acc in ((0, 50.0), (1, 70.0), (0, 60.0)):
+        tags = {"raydg.target": "M0", "raydg.method": "fedavg", "raydg.seed": str(seed),
+                "raydg.dataset": "digits-rot", UNIT_TAG: "percent"}
+        ids.append(client.create_run(exp, tags=tags).info.run_id)
+        client.log_param(ids[-1], "dataset", "digits-rot")
+        client.log_metric(ids[-1], "final/target_acc_selected/global", acc)
+        client.set_terminated(ids[-1])
+    result = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.stdout)
+    assert row["seeds"] == 2 and row["M0"] == pytest.approx(65.0)  # (60 + 70) / 2
+    assert row["M0_std"] == pytest.approx(np.std([60.0, 70.0], ddof=1))
+    assert ("Counted once (the latest run of each): 1 run repeats another's method, settings, "
+            f"target and seed: fedavg M0 seed=0 ({ids[0][:8]})") in result.stderr
+
+
+def test_holm_matches_a_hand_computation():
+    """Holm (1979) on p = (0.01, 0.04, 0.03, 0.5): sorted 0.01, 0.03, 0.04, 0.5 times 4, 3,
+    2, 1 = 0.04, 0.09, 0.08 -> 0.09 (monotone), 0.5."""
+    assert holm([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert holm([0.3, 0.6]) == pytest.approx([0.6, 0.6])
+
+
+def test_a_diagnostic_block_is_its_functions_table(tmp_path):
+    diagnostics = {"d": lambda: ("Caption", [{"method": "a", "x": "1.5"},
+                                             {"method": "b", "x": "2"}])}
+    page = pages.render("```diagnostic\nid: q\nname: d\n```\nb has {{q | b | x}}.\n",
+                        tmp_path, diagnostics=diagnostics)
+    assert page == ("**Caption** (diagnostic `d`)\n\n|  | x |\n|---|---|\n| a | 1.5 |\n"
+                    "| b | 2 |\nb has 2.\n")
+    with pytest.raises(RaydgError, match="one of"):
+        pages.render("```diagnostic\nid: q\nname: e\n```\n", tmp_path, diagnostics=diagnostics)
+
+
+def test_report_creates_no_store_and_prints_a_papers_table_without_runs(tmp_path):
+    """No store where the report looks: one line, exit 1, nothing created; with --paper, the
+    published table alone (exit 0), its note on stderr."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    runner = CliRunner()
+    none = runner.invoke(cli, ["report", "--tracking-uri", uri])
+    assert none.exit_code == 1 and not (tmp_path / "mlflow.db").exists()
+    assert none.stderr.strip() == (f"raydg: no MLflow store at {tmp_path}/mlflow.db (runs write "
+                                   "one there; --tracking-uri or MLFLOW_TRACKING_URI names "
+                                   "another)")
+    paper = runner.invoke(cli, ["report", "--tracking-uri", uri, "--paper",
+                                str(Path(__file__).resolve().parents[1] / "configs"
+                                    / "csac-rotmnist.yaml")])
+    assert paper.exit_code == 0, paper.output
+    lines = paper.stdout.splitlines()
+    assert lines[0] == "Accuracy (%) published in CSAC Table 3"
+    fedavg, = (line.split() for line in lines if line.startswith("fedavg "))
+    assert fedavg == ["fedavg", "82.60", "98.56", "98.97", "93.66", "95.78", "86.30", "92.65"]
+    assert "no runs match: the published numbers alone" in paper.stderr
+    assert not (tmp_path / "mlflow.db").exists()
