@@ -15,9 +15,8 @@ Two sources of MNIST digits, the same draw from either:
 The direction: CSAC §4.1 says "clock-wise rotation", and ``rotmnist`` turns the digits
 clockwise as displayed. Loaders built on torchvision's ``rotate`` (DomainBed's and DIVA's
 Rotated MNIST) turn a positive angle counter-clockwise; ``rotmnist-ccw`` holds the same digits
-turned that way, an ablation of the direction (docs/reproduction.md). The two are not mirror
-images of each other's task: handwritten digits lean, so M0 and M75 differ in how far they lie
-from the other domains.
+turned that way, an ablation of the direction (measured in docs/reproduction.md). The two
+are different tasks, not mirror images: handwritten digits are not symmetric.
 
 The draw: 100 images of each digit, ``select_per_class`` with the fixed seed ``MNIST_SEED``
 (never the run seed), sorted by index. Which source was used and a fingerprint of the drawn
@@ -229,8 +228,7 @@ def _register(name: str, clockwise: bool, about: str) -> None:
 
 
 _register("rotmnist", True, "Rotated MNIST (CSAC §4.1), rotated clockwise")
-# The same digits rotated counter-clockwise, as the lineage's loaders do (torchvision's rotate
-# and scipy's turn a positive angle counter-clockwise): an ablation of the direction, see the
-# module's docstring.
+# The same digits turned counter-clockwise, as loaders built on torchvision's rotate do: an
+# ablation of the direction (the module's docstring).
 _register("rotmnist-ccw", False, "Rotated MNIST rotated counter-clockwise (an ablation of "
           "CSAC §4.1's direction)")
