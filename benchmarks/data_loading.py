@@ -11,7 +11,7 @@ photos). Then, in one process, at ``--image-size`` and ``--batch-size``:
 * ``raydg epoch``: one pass over all images in shuffled batches through ``to_inputs`` (uint8 ->
   normalised float tensor), what a client does every step; the domains are first gathered into
   one in-memory array, as client shards are (not timed). With ``--transform`` also a row with
-  the per-image training augmentation (``augment_batch``) before ``to_inputs``.
+  the training augmentation (``augment_batch``) before ``to_inputs``.
 * ``DataLoader wN``: ``ConcatDataset`` of one ``ImageFolder`` per domain with
   ``Resize((S, S)), ToTensor(), Normalize(ImageNet)``, decoding every epoch, shuffled, the same
   batch size, ``num_workers`` N for each N of ``--workers`` (persistent workers).
@@ -43,10 +43,9 @@ import torch
 from PIL import Image
 
 from raydg.datasets import IMAGENET_MEAN, IMAGENET_STD, load_dataset, to_inputs
-from raydg.transforms import TRANSFORMS, augment_batch, make_transform
+from raydg.transforms import TRANSFORMS, Augment, augment_batch, make_transform
 
 DOMAINS = ("art_painting", "cartoon", "photo", "sketch")
-Augment = Callable[[torch.Tensor], torch.Tensor]
 CLASSES = ("dog", "elephant", "giraffe", "guitar", "horse", "house", "person")
 
 

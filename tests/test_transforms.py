@@ -1,4 +1,5 @@
-"""Training augmentation: identity, flips, DomainBed's pipeline, reproducibility, wiring."""
+"""Training augmentation: identity, flips, DomainBed's pipeline, reproducibility, wiring; each
+batched operation against torchvision's per-image function with the same parameters."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import pytest
 import torch
 
 from raydg.errors import RaydgError
-from raydg.transforms import augment_batch, make_transform
+from raydg.transforms import (
+    CROP_RATIO,
+    CROP_SCALE,
+    augment_batch,
+    color_jitter,
+    crop_boxes,
+    crop_flip,
+    jitter_params,
+    make_transform,
+)
 from tests.conftest import tiny_config
 
 
@@ -70,3 +80,58 @@ def test_train_transform_is_validated_and_reaches_training_batches():
         firsts[name] = next(ctx.batches())[0]
     assert firsts["none"].shape == firsts["domainbed"].shape
     assert not torch.allclose(firsts["none"], firsts["domainbed"])
+
+
+def test_crop_boxes_fit_with_the_drawn_area_and_ratio():
+    torch.manual_seed(0)
+    top, left, h, w = crop_boxes(2000, 30, 40)
+    assert bool(((top >= 0) & (left >= 0) & (top + h <= 30) & (left + w <= 40)).all())
+    area, ratio = (h * w).double() / 1200, w.double() / h.double()
+    # rounding each side to an integer moves area and ratio by at most ~one pixel's share
+    assert area.min() >= CROP_SCALE[0] - 0.05 and area.max() <= CROP_SCALE[1] + 1e-9
+    assert ratio.min() >= CROP_RATIO[0] - 0.05 and ratio.max() <= CROP_RATIO[1] + 0.05
+    # offsets cover the free range at both ends
+    assert bool((top == 0).any() and (top + h == 30).any())
+    assert bool((left == 0).any() and (left + w == 40).any())
+
+
+def test_crop_flip_matches_torchvision_resized_crop_per_image():
+    from torchvision.transforms.v2 import functional as TF
+
+    torch.manual_seed(1)
+    x = torch.rand(16, 3, 24, 24)
+    top, left, h, w = crop_boxes(16, 24, 24)
+    flip = torch.rand(16) < 0.5
+    out = crop_flip(x, top, left, h, w, flip, 24)
+    for i in range(16):
+        want = TF.resized_crop(x[i], int(top[i]), int(left[i]), int(h[i]), int(w[i]),
+                               [24, 24], antialias=True)
+        want = want.flip(-1) if flip[i] else want
+        assert torch.allclose(out[i], want, atol=1e-5), i
+
+
+@pytest.mark.parametrize("channels", [3, 1])
+def test_color_jitter_matches_torchvision_ops_in_each_images_order(channels):
+    from torchvision.transforms.v2 import functional as TF
+
+    ops = (TF.adjust_brightness, TF.adjust_contrast, TF.adjust_saturation, TF.adjust_hue)
+    torch.manual_seed(2)
+    x = torch.randint(0, 6, (24, channels, 10, 10)) / 5  # many ties between channels, greys
+    factors, order = jitter_params(24)
+    out = color_jitter(x.clone(), factors, order)
+    for i in range(24):
+        want = x[i]
+        for k in order[i].tolist():
+            want = ops[k](want, float(factors[i, k]))
+        assert torch.allclose(out[i], want, atol=1e-5), i
+    assert len({tuple(o) for o in order.tolist()}) > 10  # orders vary between images
+
+
+def test_a_batch_in_chunks_equals_the_batch_at_once():
+    x = _batch(n=20, size=256)
+    t = make_transform("domainbed", 256)
+    torch.manual_seed(4)
+    chunked = t(x)  # on a CPU: 2^20 values, 5 images, at a time
+    torch.manual_seed(4)
+    whole = t.apply(x, t.draw(20, 256, 256))
+    assert torch.equal(chunked, whole)
