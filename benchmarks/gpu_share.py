@@ -16,7 +16,9 @@ Printed per run:
   included: what packing actors onto a GPU costs) and its unique host memory (USS), at the
   last round; the driver's GPU memory; the GPU's memory in use;
 * whether the final global model is bit-identical to the first run's (if not for every run,
-  it prints ``MISMATCH`` and exits 1).
+  it prints ``MISMATCH`` and exits 1);
+* then where a steady round goes, medians of raydg's ``time/*`` metrics (README, "Where a
+  round's time goes"; ``idle`` is ``train - busy``).
 
 ``--gpus 0`` runs the same script on CPU (a dry run: no GPU memory column).
 
@@ -42,6 +44,8 @@ from raydg.config import RunConfig
 from raydg.datasets import MultiDomainDataset, load_dataset
 from raydg.engine.simulation import Simulation
 from raydg.resolve import resolve
+
+PHASES = ("train", "busy", "idle", "aggregate", "validate", "evaluate", "wait")
 
 
 def gpu_memory_mb() -> tuple[dict[int, float], float]:
@@ -79,10 +83,14 @@ def run(cfg: RunConfig, data: MultiDomainDataset, per_gpu: int, gpus: float) -> 
 
     result = sim.run(on_round)
     steady = statistics.median(r["round_seconds"] for r in result.history[1:])
+    phases = {name: statistics.median(r[f"time/{name}"] for r in result.history[1:])
+              for name in PHASES if name != "idle"}
+    phases["idle"] = phases["train"] - phases["busy"]
     steps = cfg.local_steps * len(sim.client_ids)
     return {"per_gpu": per_gpu, "gpus_per_actor": cfg.gpus_per_actor, "steady_s": steady,
             "rounds_per_s": 1 / steady, "steps_per_s": steps / steady,
-            "rounds_s": [r["round_seconds"] for r in result.history], **memory,
+            "rounds_s": [r["round_seconds"] for r in result.history], "phases": phases,
+            **memory,
             "state": result.global_state}
 
 
@@ -104,6 +112,10 @@ def report(rows: list[dict[str, Any]]) -> bool:
               f"{mb(r['actor_gpu_mb']):>18} {mb(r['actor_uss_mb']):>18} "
               f"{r['driver_gpu_mb']:14.0f} {r['gpu_used_mb']:12.0f} "
               f"{'yes' if identical(r['state'], rows[0]['state']) else 'no':>8}")
+    print(f"\nmedian s of a steady round: {'K/GPU':>5} " + " ".join(f"{p:>9}" for p in PHASES))
+    for r in rows:
+        print(f"{'':28}{r['per_gpu']:5d} "
+              + " ".join(f"{r['phases'][p]:9.3f}" for p in PHASES))
     same = all(identical(r["state"], rows[0]["state"]) for r in rows)
     if not same:
         print("MISMATCH: the global models differ between runs")
