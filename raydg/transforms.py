@@ -49,8 +49,10 @@ class Augment:
         import torch
 
         n = len(x)
+        if n == 0:
+            return x
         params = self.draw(n, *x.shape[2:])
-        step = n if x.device.type == "cuda" else max(1, CPU_CHUNK // x[0].numel())
+        step = n if x.device.type == "cuda" else max(1, CPU_CHUNK // math.prod(x.shape[1:]))
         return torch.cat([self.apply(x[i:i + step], {k: v[i:i + step] for k, v in params.items()})
                           for i in range(0, n, step)])
 

@@ -135,3 +135,4 @@ def test_a_batch_in_chunks_equals_the_batch_at_once():
     torch.manual_seed(4)
     whole = t.apply(x, t.draw(20, 256, 256))
     assert torch.equal(chunked, whole)
+    assert t(x[:0]).shape == (0, 3, 256, 256)  # an empty batch passes through
