@@ -15,8 +15,8 @@ Printed per run:
 * each actor's GPU memory as ``nvidia-smi`` reports it per process (its CUDA context
   included: what packing actors onto a GPU costs) and its unique host memory (USS), at the
   last round; the driver's GPU memory; the GPU's memory in use;
-* whether the final global model is bit-identical to the first run's (if not for every run,
-  it prints ``MISMATCH`` and exits 1);
+* whether the final global model is bit-identical to the first run's (``raydg.state.digest``;
+  if not for every run, it prints ``MISMATCH`` and exits 1);
 * then where a steady round goes, medians of raydg's ``time/*`` metrics (README, "Where a
   round's time goes"; ``idle`` is ``train - busy``).
 
@@ -36,10 +36,10 @@ import statistics
 import subprocess
 from typing import Any
 
-import numpy as np
 import psutil
 import ray
 
+from raydg import state as st
 from raydg.config import RunConfig
 from raydg.datasets import MultiDomainDataset, load_dataset
 from raydg.engine.simulation import Simulation
@@ -90,12 +90,7 @@ def run(cfg: RunConfig, data: MultiDomainDataset, per_gpu: int, gpus: float) -> 
     return {"per_gpu": per_gpu, "gpus_per_actor": cfg.gpus_per_actor, "steady_s": steady,
             "rounds_per_s": 1 / steady, "steps_per_s": steps / steady,
             "rounds_s": [r["round_seconds"] for r in result.history], "phases": phases,
-            **memory,
-            "state": result.global_state}
-
-
-def identical(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
-    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+            "digest": st.digest(result.global_state), **memory}
 
 
 def report(rows: list[dict[str, Any]]) -> bool:
@@ -106,20 +101,19 @@ def report(rows: list[dict[str, Any]]) -> bool:
     print(f"{'K/GPU':>5} {'s/round':>8} {'rounds/s':>9} {'x first':>8} {'steps/s':>8} "
           f"{'GPU MB per actor':>18} {'USS MB per actor':>18} {'driver GPU MB':>14} "
           f"{'GPU used MB':>12} {'= first':>8}")
-    for r in rows:
+    same = [r["digest"] == rows[0]["digest"] for r in rows]
+    for r, s in zip(rows, same, strict=True):
         print(f"{r['per_gpu']:5d} {r['steady_s']:8.3f} {r['rounds_per_s']:9.3f} "
               f"{r['rounds_per_s'] / rows[0]['rounds_per_s']:8.2f} {r['steps_per_s']:8.1f} "
               f"{mb(r['actor_gpu_mb']):>18} {mb(r['actor_uss_mb']):>18} "
-              f"{r['driver_gpu_mb']:14.0f} {r['gpu_used_mb']:12.0f} "
-              f"{'yes' if identical(r['state'], rows[0]['state']) else 'no':>8}")
+              f"{r['driver_gpu_mb']:14.0f} {r['gpu_used_mb']:12.0f} {'yes' if s else 'no':>8}")
     print(f"\nmedian s of a steady round: {'K/GPU':>5} " + " ".join(f"{p:>9}" for p in PHASES))
     for r in rows:
         print(f"{'':28}{r['per_gpu']:5d} "
               + " ".join(f"{r['phases'][p]:9.3f}" for p in PHASES))
-    same = all(identical(r["state"], rows[0]["state"]) for r in rows)
-    if not same:
+    if not all(same):
         print("MISMATCH: the global models differ between runs")
-    return same
+    return all(same)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     same = report(rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([{k: v for k, v in r.items() if k != "state"} for r in rows], f, indent=1)
+            json.dump(rows, f, indent=1)
     return 0 if same else 1
 
 
