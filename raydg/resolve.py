@@ -52,6 +52,18 @@ def _method_options(cfg: RunConfig, dataset: Mapping[str, Mapping[str, Any]]
 def resolve(cfg: RunConfig) -> RunConfig:
     """Fill ``None`` fields from the dataset's defaults (training) and the method's paper
     (``client_selection``), merge ``method_options`` into ``options``, validate everything."""
+    cfg = _filled(cfg)
+    cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
+    if cls.needs_batchnorm and not has_batchnorm(cfg.model):  # the others built on error only
+        raise RaydgError(f"{method_label(cfg)} acts on BatchNorm layers and model {cfg.model} "
+                         "has none; choose a model with BatchNorm "
+                         f"({', '.join(filter(has_batchnorm, MODELS.names()))})")
+    validate(cfg)
+    return cfg
+
+
+def _filled(cfg: RunConfig) -> RunConfig:
+    """:func:`resolve`'s filling, before any check of the values against each other."""
     spec = DATASETS.get(cfg.dataset)
     options = _method_options(cfg, spec.method_options)
     cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
@@ -76,13 +88,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
     storage = cfg.storage or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
     if "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())
-    cfg = dataclasses.replace(cfg, storage=storage)
-    if cls.needs_batchnorm and not has_batchnorm(cfg.model):  # the others built on error only
-        raise RaydgError(f"{method_label(cfg)} acts on BatchNorm layers and model {cfg.model} "
-                         "has none; choose a model with BatchNorm "
-                         f"({', '.join(filter(has_batchnorm, MODELS.names()))})")
-    validate(cfg)
-    return cfg
+    return dataclasses.replace(cfg, storage=storage)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -216,8 +222,9 @@ NAMED_APART = ("dataset", "method", "augment", "aggregation", "options", "method
 def changed_settings(cfg: RunConfig) -> dict[str, Any]:
     """The settings of the resolved ``cfg`` that change its result and differ from what its
     dataset gives its method by default (``{"clients": 12, "dirichlet": 0.5}``); the method's
-    options are its row label's (:func:`row_label`)."""
-    default = to_dict(resolve(RunConfig(dataset=cfg.dataset, method=cfg.method,
+    options are its row label's (:func:`row_label`). The defaults need not make a run of their
+    own: a dataset's default model may lack what the method needs (fedbn on rotmnist)."""
+    default = to_dict(_filled(RunConfig(dataset=cfg.dataset, method=cfg.method,
                                         augment=cfg.augment, aggregation=cfg.aggregation)))
     return {k: v for k, v in to_dict(cfg).items()
             if k not in NOT_RESULTS and k not in NAMED_APART and v != default[k]}

@@ -217,6 +217,17 @@ def test_methods_that_act_on_batchnorm_refuse_a_model_without_it(method):
         assert resolve(RunConfig(dataset="rotmnist", method=fine)).model == "mnist-cnn"
 
 
+@pytest.mark.parametrize("method", ["fedbn", "gperxan"])
+def test_a_batchnorm_method_off_a_datasets_default_model_is_named_by_its_model(method):
+    """rotmnist's default model has no BatchNorm: a BN method runs on another, and the
+    experiment names that model as the setting it changes (the defaults it is compared
+    with make no run of their own)."""
+    plan = plan_experiment(RunConfig(dataset="rotmnist", method=method, model="mnist-cnn-bn",
+                                     target="M0"))
+    assert plan.changed == "model=mnist-cnn-bn"
+    assert plan.name == f"{method} rotmnist model=mnist-cnn-bn"
+
+
 def test_planning_builds_no_model_it_does_not_run():
     """Resolving a run builds no other backbone (the ResNets would import torchvision and
     torch._dynamo into the experiment's process: memory and seconds)."""
