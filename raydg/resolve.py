@@ -63,7 +63,8 @@ def resolve(cfg: RunConfig) -> RunConfig:
 
 
 def _filled(cfg: RunConfig) -> RunConfig:
-    """:func:`resolve`'s filling, before any check of the values against each other."""
+    """:func:`resolve`'s filling (and the checks it needs: the weights against
+    ``pretrained``), without checking the method against the model or the values' ranges."""
     spec = DATASETS.get(cfg.dataset)
     options = _method_options(cfg, spec.method_options)
     cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
