@@ -9,8 +9,8 @@ local Ray each time, a new SQLite store made once before):
   against its steady compute, rounds x the median of its rounds 2..R (each round's seconds as
   its progress line prints them); goal <= 1.3.
 
-and, as a reference, the floor under any Ray-based run: a script that starts the same lean
-local Ray (:func:`raydg.cluster.lean`) and one actor that imports torch, timed to its answer
+Beside them, as a reference, the floor under any Ray-based run: a script that starts the same
+lean local Ray (:func:`raydg.cluster.lean`) and one actor that imports torch, timed to its answer
 (no Tune, no data, no round).
 
 ``--baseline DIR`` runs the same commands with another checkout's raydg (``PYTHONPATH=DIR``,
