@@ -133,3 +133,17 @@ def test_a_method_on_a_variant_model_is_paired_with_fedavg_on_that_model():
     # selected = oracle - 1; fedbn - fedavg on the BN model: (4 + 3) / 2 = 3.5, one seed
     assert f"| fedbn [{bn}] | 74.00 (1) | 83.00 (1) | 78.50 (1) | +3.50 (1) |" in text
     assert f"| FedAvg* [{bn}] | 71.00 (1) | 81.00 (1) | 76.00 (1) |" in text  # an ablation row
+
+
+def test_the_papers_cited_rows_are_printed_as_published_and_checked():
+    from raydg.reporting.reproduction import paper_numbers
+
+    paper = {"source": "T", "selection": "oracle",
+             "accuracy": {"fedavg": {"M0": 80.0, "M15": 98.0, "Avg": 89.0}},
+             "cited": {"CrossGrad": {"M0": 86.03, "M15": 98.9, "Avg": 92.5}}}
+    assert paper_numbers({"paper": paper}, "p.yaml") is paper
+    text = page([_row("fedavg", "M0", 0, 82.0)], paper, {"fedavg": "FedAvg*"},
+                {"fedavg": Goal(1, 2.5)}, 5, "r.csv", "c", "p.yaml")
+    assert "| CrossGrad | 86.03 | 98.90 | 92.50 |" in text.split("## The paper's cited rows")[1]
+    with pytest.raises(RaydgError, match="optionally cited"):
+        paper_numbers({"paper": {**paper, "cited": {"CrossGrad": {"M0": "high"}}}}, "p.yaml")

@@ -48,18 +48,24 @@ class Goal:
 
 def paper_numbers(values: dict[str, Any], where: str) -> dict[str, Any]:
     """A config file's ``paper`` section, checked: ``source``, ``selection`` (selected, last
-    or oracle: how the paper picked the model it reports) and ``accuracy``
-    (``{method label: {domain or Avg: percent}}``)."""
+    or oracle: how the paper picked the model it reports), ``accuracy`` (``{method label:
+    {domain or Avg: percent}}``) and, optionally, ``cited`` (the table's rows that the paper
+    cites from other publications, in the same form; raydg runs none of them)."""
     paper = values.get("paper")
     ok = (isinstance(paper, dict) and isinstance(paper.get("source"), str)
           and paper.get("selection") in ("selected", "last", "oracle")
-          and isinstance(paper.get("accuracy"), dict)
-          and all(isinstance(row, dict) and all(isinstance(v, int | float) for v in row.values())
-                  for row in paper["accuracy"].values()))
+          and _is_table(paper.get("accuracy")) and _is_table(paper.get("cited", {})))
     if not ok:
         raise RaydgError(f"{where} has no valid 'paper' section (source, selection: "
-                         "selected|last|oracle, accuracy: {method: {domain: percent}})")
+                         "selected|last|oracle, accuracy: {method: {domain: percent}}, "
+                         "optionally cited: {row: {domain: percent}})")
     return paper
+
+
+def _is_table(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(row, dict) and all(isinstance(v, int | float) for v in row.values())
+        for row in value.values())
 
 
 def protocol_mismatch(params: dict[str, str], expected: dict[str, str],
@@ -228,11 +234,20 @@ def ablations_section(rows: list[dict[str, Any]], variants: list[tuple[str, str]
     return lines
 
 
+def cited_section(cited: dict[str, dict[str, float]], columns: Sequence[str]) -> list[str]:
+    """The rows of the paper's table that it cites from other publications."""
+    return ["## The paper's cited rows", "", "The rows of the same table that the paper cites "
+            "from other publications (not run by raydg), for context.", "",
+            "| row | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns),
+            *(f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in columns) + " |"
+              for name, row in cited.items())]
+
+
 def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
          goals: dict[str, Goal], seeds: int, source: str, command: str, protocol: str) -> str:
-    """The Markdown page: per selection, the paper's rows and raydg's; the goals; the methods
-    the paper does not report, against FedAvg; then each ablation (a variant of the
-    protocol) beside the row it changes."""
+    """The Markdown page: per selection, the paper's rows and raydg's; the goals; the rows the
+    paper cites; the methods the paper does not report, against FedAvg; then each ablation (a
+    variant of the protocol) beside the row it changes."""
     targets = [c for c in next(iter(paper["accuracy"].values())) if c != "Avg"]
     columns = [*targets, "Avg"]
     prints = sorted({r["fingerprint"] for r in rows} - {""})
@@ -264,6 +279,8 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
         got = cells(rows, method, targets, paper["selection"])
         lines.append(f"- {names.get(method, method)}: "
                      f"{verdict(got, published, targets, seeds, goals[method])}")
+    if paper.get("cited"):
+        lines += ["", *cited_section(paper["cited"], columns)]
     pairs = sorted({(r["method"], r["variant"]) for r in rows})
     others = [(m, v) for m, v in pairs if m not in paper["accuracy"]]
     if others:
