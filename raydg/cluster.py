@@ -118,7 +118,7 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None,
     arrives (:func:`raydg.signals.stop_on_sigterm`). The ``shipped`` plugins go to every
     worker; those from files need a Ray that raydg starts or joins. A local Ray runs only the
     processes raydg uses (:func:`lean`), or with ``cfg.dashboard`` all of
-    Ray's and its dashboard, whose address goes to ``say`` (as does what it starts or joins)."""
+    Ray's and its dashboard, whose address goes to ``say``."""
     address = cluster_address(cfg)
     if address and address != "auto":
         check_reachable(address)
@@ -129,7 +129,6 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None,
                              "ray.shutdown() first")
         yield address is None, []
         return
-    say(f"raydg: {'joining the Ray cluster at ' + address if address else 'starting Ray'}")
     try:  # "local": a fresh Ray, never a stale one that `ray start` left in /tmp/ray
         dashboard = address is None and cfg.dashboard
         with _outside_job(address is None), lean(address is None, dashboard):

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from raydg import plugins
-from raydg.cluster import ray_session
+from raydg.cluster import cluster_address, ray_session
 from raydg.config import RunConfig, Search, setting_label, to_dict
 from raydg.datasets import DATASETS, MultiDomainDataset, load_dataset, resolve_root
 from raydg.datasets.cache import cache_root
@@ -141,6 +141,8 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     base = plan.config
     sources = len(data.domains) - 1
     run_id = manifest["run_id"] if manifest else None
+    address = cluster_address(base)
+    say(f"raydg: {'joining the Ray cluster at ' + address if address else 'starting Ray'}")
     with session(base, plan, run_id, say) as (local, tracker, on_stop):
         directory = resume or experiment_dir(plan, tracker.run_id)
         on_stop.append(lambda: say_stopped(directory))
