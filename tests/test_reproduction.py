@@ -147,3 +147,15 @@ def test_the_papers_cited_rows_are_printed_as_published_and_checked():
     assert "| CrossGrad | 86.03 | 98.90 | 92.50 |" in text.split("## The paper's cited rows")[1]
     with pytest.raises(RaydgError, match="optionally cited"):
         paper_numbers({"paper": {**paper, "cited": {"CrossGrad": {"M0": "high"}}}}, "p.yaml")
+
+
+def test_an_ablation_is_compared_with_the_protocol_on_its_own_seeds():
+    paper = {"source": "T", "selection": "oracle",
+             "accuracy": {"fedavg": {"M0": 80.0, "M15": 98.0, "Avg": 89.0}}}
+    rows = [_row("fedavg", "M0", 0, 80.0), _row("fedavg", "M0", 1, 90.0),
+            {**_row("fedavg", "M0", 0, 83.0), "variant": "local_steps=100"}]
+    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, 5, "r.csv", "c",
+                "p.yaml")
+    oracle = text.split("Oracle round:")[1].split("Selected round:")[0]
+    assert "| FedAvg*, same seeds | 80.00 (1) | — | — |" in oracle  # seed 1's 90 left out
+    assert "| [local_steps=100] - protocol | +3.00 | — | — |" in oracle  # not 83 - 85

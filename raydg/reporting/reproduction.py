@@ -213,21 +213,28 @@ def others_section(rows: list[dict[str, Any]], methods: list[tuple[str, str]],
 
 def ablations_section(rows: list[dict[str, Any]], variants: list[tuple[str, str]],
                       targets: Sequence[str], names: dict[str, str]) -> list[str]:
-    """Each (method, variant) beside the same method under the protocol, per selection."""
+    """Each (method, variant) beside the same method under the protocol on the same targets
+    and seeds (a paired comparison: seed-to-seed spread stays out of the difference), per
+    selection."""
     columns = [*targets, "Avg"]
     lines = ["## Ablations (settings that are not the paper's)", "",
              "Each row changes the protocol in the settings named in brackets; beside it, the "
-             "same method under the protocol. Cells: mean ± std over seeds (seeds).", ""]
+             "same method under the protocol on the same targets and seeds. Cells: mean ± std "
+             "over seeds (seeds).", ""]
     for selection in SELECTIONS[:2]:
         lines += [f"{selection.capitalize()} round:", "", "| row | " + " | ".join(columns)
                   + " |", "|---|" + "---|" * len(columns)]
         for method, variant in variants:
             name = names.get(method, method)
-            base = cells(rows, method, targets, selection)
+            ran = {(r["target"], r["seed"]) for r in rows
+                   if r["method"] == method and r["variant"] == variant}
+            base = cells([r for r in rows if (r["target"], r["seed"]) in ran], method, targets,
+                         selection)
             got = cells(rows, method, targets, selection, variant)
             lines.append(f"| {name} [{variant}] | " + " | ".join(
                 _cell(got.get(c)) for c in columns) + " |")
-            lines.append(f"| {name} | " + " | ".join(_cell(base.get(c)) for c in columns) + " |")
+            lines.append(f"| {name}, same seeds | " + " | ".join(
+                _cell(base.get(c)) for c in columns) + " |")
             lines.append(f"| [{variant}] - protocol | " + " | ".join(
                 _diff(got.get(c), base[c][0] if c in base else None) for c in columns) + " |")
         lines.append("")
