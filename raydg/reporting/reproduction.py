@@ -222,8 +222,7 @@ def ablations_section(rows: list[dict[str, Any]], variants: list[tuple[str, str]
              "same method under the protocol on the same targets and seeds. Cells: mean ± std "
              "over seeds (seeds).", ""]
     for selection in SELECTIONS[:2]:
-        lines += [f"{selection.capitalize()} round:", "", "| row | " + " | ".join(columns)
-                  + " |", "|---|" + "---|" * len(columns)]
+        lines += [f"{selection.capitalize()} round:", "", *_header(columns)]
         for method, variant in variants:
             name = names.get(method, method)
             ran = {(r["target"], r["seed"]) for r in rows
@@ -245,9 +244,15 @@ def cited_section(cited: dict[str, dict[str, float]], columns: Sequence[str]) ->
     """The rows of the paper's table that it cites from other publications."""
     return ["## The paper's cited rows", "", "The rows of the same table that the paper cites "
             "from other publications (not run by raydg), for context.", "",
-            "| row | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns),
-            *(f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in columns) + " |"
-              for name, row in cited.items())]
+            *_header(columns), *(_published(name, row, columns) for name, row in cited.items())]
+
+
+def _header(columns: Sequence[str]) -> list[str]:
+    return ["| row | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+
+
+def _published(label: str, row: dict[str, float], columns: Sequence[str]) -> str:
+    return f"| {label} | " + " | ".join(f"{row[c]:.2f}" for c in columns) + " |"
 
 
 def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
@@ -265,17 +270,15 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
              "choices where the paper is silent.", ""]
     if prints:
         lines += [f"Images: fingerprint {', '.join(prints)}.", ""]
-    header = ["| row | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for selection in SELECTIONS[:2]:
         own = " (the paper's selection)" if selection == paper["selection"] else ""
         lines += [f"## {selection.capitalize()} round{own}", "", f"Model selection: "
                   f"{SELECTION_TEXT[selection]}. Cells: mean ± std over seeds (seeds).", "",
-                  *header]
+                  *_header(columns)]
         for method, published in paper["accuracy"].items():
             got = cells(rows, method, targets, selection)
             name = names.get(method, method)
-            lines.append(f"| {name}, paper | " + " | ".join(
-                f"{published[c]:.2f}" for c in columns) + " |")
+            lines.append(_published(f"{name}, paper", published, columns))
             lines.append(f"| {name}, raydg | " + " | ".join(
                 _cell(got.get(c)) for c in columns) + " |")
             lines.append("| raydg - paper | " + " | ".join(
