@@ -5,7 +5,8 @@ Three steps, each a command:
 1. Run the rows (any machine, any number of times; raydg's own concurrency):
      raydg run --config configs/csac-rotmnist.yaml --method M --experiment rotmnist-csac
    for M in deepall, fedavg, elcfs, csac (``--seed S`` / ``--target T`` for a part); any
-   other method (``jobs/csac-tables.sh --others``) is printed against FedAvg.
+   other method (``jobs/csac-tables.sh --others``) goes into the same rows file, and
+   ``benchmarks/fidelity.py page`` prints it in docs/fidelity.md (the real-data regime).
 2. ``export``: the finished federations of that MLflow experiment -> per-run rows, merged into
    the committed rows file (rows already there are kept; a run of another protocol is refused,
    unless it is named as a variant, ``--variant model=cnn``: the protocol with that key
@@ -13,7 +14,8 @@ Three steps, each a command:
    exported so, FedAvg's on that model too; ``--variant dataset=rotmnist-ccw``: the digits
    turned the other way).
 3. ``page``: the rows file -> docs/reproduction.md (regenerated, never edited by hand; a test
-   checks that the committed page is what this prints from the committed rows).
+   checks that the committed page is what this prints from the committed rows). The same rows
+   are docs/fidelity.md's real-data regime: ``python benchmarks/fidelity.py page`` after it.
 
 Run:  python benchmarks/reproduce.py export --tracking-uri URI [--experiment rotmnist-csac]
           [--variant KEY=VALUE ...]
@@ -104,7 +106,8 @@ def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
     old = read_rows(ROOT / ROWS) if (ROOT / ROWS).is_file() else []
     rows = merge(old, new)
     write_rows(ROOT / ROWS, rows)
-    print(f"{ROWS}: {len(rows)} rows ({len(rows) - len(old)} new)")
+    print(f"{ROWS}: {len(rows)} rows ({len(rows) - len(old)} new); regenerate the pages that "
+          "show them: python benchmarks/reproduce.py page && python benchmarks/fidelity.py page")
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ import pytest
 from scipy import stats
 
 from raydg.reporting import rows
+from raydg.reporting.reproduction import write_rows
 from tests.conftest import load_benchmark
 
 fidelity = load_benchmark("fidelity")
@@ -134,3 +135,61 @@ def test_verdicts_from_glyphs_and_neutral_sit_side_by_side_and_changes_are_named
     assert lines[-1] == ("Glyphs against neutral pretraining: 1 claim(s) have both; the verdict "
                          "changes for 1: fedgma ≥ fedavg on digits-style (+2.0 holds from "
                          "glyphs, +0.2 not significant from neutral).")
+
+
+def _real(method: str, target: str, seed: int, selected: float, variant: str = "") -> dict:
+    """A row of the reproduction's rows file (docs/reproduction-rows/)."""
+    return {"method": method, "variant": variant, "target": target, "seed": seed,
+            "selected": selected, "last": 0.0, "oracle": 0.0, "selected_round": 40,
+            "steps_per_client": 2800, "options": "", "fingerprint": "abc"}
+
+
+def test_the_real_data_regime_pairs_each_method_with_fedavg_on_its_model(rows_dir, tmp_path):
+    """fedprox against FedAvg over the seeds that have every target (seed 2's half is left
+    out), fedbn against FedAvg on the BN model in a section of its own, ablations left out."""
+    bn = "model=mnist-cnn-bn"
+    base = {(0, "M0"): 80.0, (0, "M15"): 94.0, (1, "M0"): 82.0, (1, "M15"): 96.0}
+    gain = {0: 1.0, 1: 3.0}  # fedprox's per-seed gain, the same on both targets
+    real = [_real("fedavg", t, s, a) for (s, t), a in base.items()]
+    real += [_real("fedprox", t, s, a + gain[s]) for (s, t), a in base.items()]
+    real += [_real("fedprox", "M0", 2, 10.0), _real("fedavg", "M0", 0, 5.0, "local_steps=100")]
+    real += [_real(m, t, 0, a, bn) for m, a in (("fedavg", 70.0), ("fedbn", 74.0))
+             for t in ("M0", "M15")]
+    write_rows(tmp_path / "real.csv", real)
+    text = fidelity.page(rows_dir, real_file=tmp_path / "real.csv")
+    plain = text.split("## rotmnist, scratch\n")[1].split("## ")[0]
+    half = stats.t.ppf(0.975, 1) * np.std([1.0, 3.0], ddof=1) / np.sqrt(2)
+    # fedprox: M0 81, 85; M15 95, 99; Avg per seed 88, 92
+    assert (f"| csac-rotmnist | fedprox (2 of 5 seeds) | 83.0 ± 2.8 | 97.0 ± 2.8 | "
+            f"**90.0 ± 2.8** | 2800 | +2.0 ± {half:.1f} |") in plain
+    assert ("| csac-rotmnist | fedavg (2 of 5 seeds) | 81.0 ± 1.4 | 95.0 ± 1.4 | **88.0 ± 1.4** "
+            "| 2800 |  |") in plain  # the ablation's 5.0 on M0 left out
+    assert "fedbn" not in plain and "local_steps" not in text
+    with_bn = text.split(f"## rotmnist, scratch [{bn}]\n")[1]
+    assert "| csac-rotmnist | fedbn (1 of 5 seeds) | 74.0 | 74.0 | **74.0** | 2800 | +4.0 |" \
+        in with_bn
+
+
+def test_a_real_data_claim_is_tested_once_both_sides_have_every_seed(rows_dir, tmp_path):
+    """csac >= fedavg (CSAC Table 3) waits while csac has 4 seeds, then is the paired t-test
+    computed here, in the Holm family with the embedded claims."""
+    gain = [1.0, 2.0, 0.5, 1.5, 3.0]
+    real = [_real(m, t, s, 90.0 + (g if m == "csac" else 0) + (t == "M15"))
+            for m in ("fedavg", "csac") for t in ("M0", "M15") for s, g in enumerate(gain)]
+    write_rows(tmp_path / "four.csv", [r for r in real if r["method"] == "fedavg"
+                                       or r["seed"] < 4])
+    text = fidelity.page(rows_dir, real_file=tmp_path / "four.csv")
+    assert ("waiting for 5 seeds on both sides: csac ≥ fedavg (scratch: 4 and 5 seeds)."
+            in text)
+    assert "| csac ≥ fedavg |" not in text
+    write_rows(tmp_path / "five.csv", real)
+    text = fidelity.page(rows_dir, real_file=tmp_path / "five.csv")
+    p = stats.ttest_1samp(gain, 0).pvalue
+    family = [c["p"] for c in fidelity.claim_rows(
+        fidelity.group_rows(rows_dir / "digits-style-scratch-fedfd-a.json.gz")[1])
+        if c["in_scope"]] + [p]
+    line = next(x for x in text.splitlines() if x.startswith("| csac ≥ fedavg |"))
+    assert line.startswith(f"| csac ≥ fedavg | CSAC Table 3 (csac-rotmnist) | rotmnist | "
+                           f"scratch | +{np.mean(gain):.1f} ± ")
+    assert f"| {p:.3f} | {fidelity.holm(family)[-1]:.3f} |" in line
+    assert "waiting" not in text

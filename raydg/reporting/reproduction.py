@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from raydg.errors import RaydgError
-from raydg.results import mean_std, paired_difference
+from raydg.results import mean_std
 
 SELECTIONS = ("oracle", "selected", "last")
 COMPOSED = ("method", "augment", "aggregation")  # the params that name a row's method
@@ -183,34 +183,6 @@ def verdict(measured: dict[str, tuple[float, float, int]], paper: dict[str, floa
             f"cell {worst} {gaps[worst]:+.2f} (goal ±{goal.cell:g})")
 
 
-def others_section(rows: list[dict[str, Any]], methods: list[tuple[str, str]],
-                   targets: Sequence[str], names: dict[str, str],
-                   baseline: str = "fedavg") -> list[str]:
-    """Methods the paper does not report, each (method, variant) on its protocol (a variant
-    where the paper's model does not fit the method, e.g. one with BN layers): cells at the
-    selected round and the paired difference to ``baseline`` run with the same variant, with
-    its 95 % interval over seeds."""
-    columns = [*targets, "Avg"]
-    base = names.get(baseline, baseline)
-    lines = ["## Other methods on the same protocol", "",
-             f"Selected round (training-domain validation). The last column is the paired "
-             f"difference to {base} with the same settings (bracketed: not the paper's): per "
-             "seed, the mean over the targets both ran of (method - baseline), then the mean "
-             "over those seeds ± the half-width of its 95 % t-interval (seeds).", "",
-             "| method | " + " | ".join(columns) + f" | vs {base} |",
-             "|---|" + "---|" * (len(columns) + 1)]
-    for method, variant in methods:
-        same = [{**r, "accuracy": r["selected"]} for r in rows if r["variant"] == variant]
-        got = cells(rows, method, targets, "selected", variant)
-        mean, half, n = paired_difference(same, method, baseline)
-        versus = "—" if n == 0 else (f"{mean:+.2f} ({n})" if n == 1 else
-                                     f"{mean:+.2f} ± {half:.2f} ({n})")
-        label = names.get(method, method) + (f" [{variant}]" if variant else "")
-        lines.append(f"| {label} | " + " | ".join(_cell(got.get(c)) for c in columns)
-                     + f" | {versus} |")
-    return lines
-
-
 def ablations_section(rows: list[dict[str, Any]], variants: list[tuple[str, str]],
                       targets: Sequence[str], names: dict[str, str]) -> list[str]:
     """Each (method, variant) beside the same method under the protocol on the same targets
@@ -258,8 +230,8 @@ def _published(label: str, row: dict[str, float], columns: Sequence[str]) -> str
 def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
          goals: dict[str, Goal], seeds: int, source: str, command: str, protocol: str) -> str:
     """The Markdown page: per selection, the paper's rows and raydg's; the goals; the rows the
-    paper cites; the methods the paper does not report, against FedAvg; then each ablation (a
-    variant of the protocol) beside the row it changes."""
+    paper cites; where the methods the paper does not report are (docs/fidelity.md); then each
+    ablation (a variant of the protocol) beside the row it changes."""
     targets = [c for c in next(iter(paper["accuracy"].values())) if c != "Avg"]
     columns = [*targets, "Avg"]
     prints = sorted({r["fingerprint"] for r in rows} - {""})
@@ -292,9 +264,10 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
     if paper.get("cited"):
         lines += ["", *cited_section(paper["cited"], columns)]
     pairs = sorted({(r["method"], r["variant"]) for r in rows})
-    others = [(m, v) for m, v in pairs if m not in paper["accuracy"]]
+    others = sorted({m for m, _ in pairs if m not in paper["accuracy"]})
     if others:
-        lines += ["", *others_section(rows, others, targets, names)]
+        lines += ["", f"Other methods in the rows ({', '.join(others)}): "
+                  "[fidelity.md](fidelity.md), its real-data regime, against FedAvg."]
     variants = [(m, v) for m, v in pairs if v and m in paper["accuracy"]]
     if variants:
         lines += ["", *ablations_section(rows, variants, targets, names)]
