@@ -104,6 +104,7 @@ REGIMES = {"scratch": None, "glyphs": "glyphs", "neutral": "glyphs-neutral"}
 # runs from the reproduction's rows file; the protocol's two variants that run a method here:
 # the paper's model, and for the methods that act on BN layers mnist-cnn-bn (labelled so)
 REAL = "csac-rotmnist"
+REAL_DATASET = "rotmnist"
 REAL_ROWS = Path("docs/reproduction-rows/csac-rotmnist.csv")
 REAL_REGIMES = {"": "scratch", "model=mnist-cnn-bn": "scratch [model=mnist-cnn-bn]"}
 FEDFD = [{"method": m, "options.cafl_reduction": r, "options.warmup_rounds": w}
@@ -157,7 +158,7 @@ class Claim:
     method: str
     baseline: str
     source: str
-    scope: tuple[str, ...] = (*DATASETS, "rotmnist")
+    scope: tuple[str, ...] = (*DATASETS, REAL_DATASET)
 
 
 CLAIMS = [
@@ -291,7 +292,7 @@ def real_rows(path: Path) -> list[dict[str, Any]]:
     targets = {r["target"] for r in rows}
     ran = Counter((r["method"], r["variant"], r["seed"]) for r in rows)
     return [{"method": r["method"], "setting": "", "target": r["target"], "seed": r["seed"],
-             "accuracy": r["selected"], "steps": r["steps_per_client"], "dataset": "rotmnist",
+             "accuracy": r["selected"], "steps": r["steps_per_client"], "dataset": REAL_DATASET,
              "regime": REAL_REGIMES[r["variant"]], "protocol": REAL, "chosen": True,
              "primary": True}
             for r in sorted(rows, key=lambda r: r["method"] != "fedavg")  # FedAvg first
