@@ -145,3 +145,29 @@ def test_an_ablation_is_compared_with_the_protocol_on_its_own_seeds():
     oracle = text.split("Oracle round:")[1].split("Selected round:")[0]
     assert "| FedAvg*, same seeds | 80.00 (1) | — | — |" in oracle  # seed 1's 90 left out
     assert "| [local_steps=100] - protocol | +3.00 | — | — |" in oracle  # not 83 - 85
+
+
+def test_a_judged_rows_misses_are_listed_with_the_cited_range_and_the_ablations_on_them():
+    paper = {"source": "T", "selection": "oracle",
+             "accuracy": {"fedavg": {"M0": 80.0, "M15": 98.0, "Avg": 89.0},
+                          "csac": {"M0": 70.0, "M15": 90.0, "Avg": 80.0}},
+             "cited": {"A": {"M0": 85.0, "M15": 99.0, "Avg": 92.0},
+                       "B": {"M0": 88.0, "M15": 97.5, "Avg": 92.75}}}
+    # fedavg, 2 seeds: M0 83 and 85 (mean 84, +4: a miss), M15 98.5 (+0.5); Avg per seed
+    # 90.75 and 91.75, so 91.25 ± 0.71 (+2.25: a miss of the Avg goal)
+    rows = [_row("fedavg", "M0", s, acc) for s, acc in ((0, 83.0), (1, 85.0))]
+    rows += [_row("fedavg", "M15", s, 98.5) for s in (0, 1)]
+    rows += [{**_row("fedavg", "M0", 1, 80.0), "variant": "local_steps=14"}]  # 80 - 85
+    rows += [_row("csac", "M0", 0, 60.0)]  # not judged (1 of 2 seeds on one target)
+    goals = {"fedavg": Goal(1.0, 2.5), "csac": Goal(1.0, 2.5)}
+    text = page(rows, paper, {"fedavg": "FedAvg*"}, goals, 2, "r.csv", "c", "p.yaml")
+    missed = text.split("## Where the judged rows miss")[1].split("## ")[0]
+    table = [line for line in missed.splitlines() if line.startswith("| FedAvg*")]
+    assert table == [
+        "| FedAvg* | M0 | 80.00 | 84.00 ± 1.41 (2) | +4.00 | 85.00 to 88.00 | "
+        "[local_steps=14] -5.00 (1) |",
+        "| FedAvg* | Avg | 89.00 | 91.25 ± 0.71 (2) | +2.25 | 92.00 to 92.75 | none yet |"]
+    assert "| csac" not in missed
+    met = [r for r in rows if r["target"] == "M15" or r["variant"]]
+    assert "## Where" not in page(met + [_row("fedavg", "M0", s, 80.5) for s in (0, 1)], paper,
+                                  {}, goals, 2, "r.csv", "c", "p.yaml")

@@ -173,7 +173,7 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float, int]:
 def verdict(measured: dict[str, tuple[float, float, int]], paper: dict[str, float],
             targets: Sequence[str], seeds: int, goal: Goal) -> str:
     """Whether the row meets ``goal`` on the paper's full design, or what it still lacks."""
-    missing = sum(max(0, seeds - measured.get(t, (0, 0, 0))[2]) for t in targets)
+    missing = _missing(measured, targets, seeds)
     if missing:
         return f"not judged: {missing} of {seeds * len(targets)} federations still to run"
     gaps = {c: measured[c][0] - paper[c] for c in (*targets, "Avg")}
@@ -181,6 +181,23 @@ def verdict(measured: dict[str, tuple[float, float, int]], paper: dict[str, floa
     ok = abs(gaps["Avg"]) <= goal.avg and abs(gaps[worst]) <= goal.cell
     return (f"{'met' if ok else 'missed'}: Avg {gaps['Avg']:+.2f} (goal ±{goal.avg:g}), worst "
             f"cell {worst} {gaps[worst]:+.2f} (goal ±{goal.cell:g})")
+
+
+def _missing(measured: dict[str, tuple[float, float, int]], targets: Sequence[str],
+             seeds: int) -> int:
+    """How many federations the paper's full design still lacks."""
+    return sum(max(0, seeds - measured.get(t, (0, 0, 0))[2]) for t in targets)
+
+
+def paired(rows: list[dict[str, Any]], method: str, variant: str, targets: Sequence[str],
+           selection: str) -> tuple[dict[str, tuple[float, float, int]],
+                                    dict[str, tuple[float, float, int]]]:
+    """An ablation's cells and the protocol's cells of the same method on the targets and
+    seeds that the ablation ran (a paired comparison: seed-to-seed spread stays out)."""
+    ran = {(r["target"], r["seed"]) for r in rows
+           if r["method"] == method and r["variant"] == variant}
+    base = cells([r for r in rows if (r["target"], r["seed"]) in ran], method, targets, selection)
+    return cells(rows, method, targets, selection, variant), base
 
 
 def ablations_section(rows: list[dict[str, Any]], variants: list[tuple[str, str]],
@@ -197,11 +214,7 @@ def ablations_section(rows: list[dict[str, Any]], variants: list[tuple[str, str]
         lines += [f"{selection.capitalize()} round:", "", *_header(columns)]
         for method, variant in variants:
             name = names.get(method, method)
-            ran = {(r["target"], r["seed"]) for r in rows
-                   if r["method"] == method and r["variant"] == variant}
-            base = cells([r for r in rows if (r["target"], r["seed"]) in ran], method, targets,
-                         selection)
-            got = cells(rows, method, targets, selection, variant)
+            got, base = paired(rows, method, variant, targets, selection)
             lines.append(f"| {name} [{variant}] | " + " | ".join(
                 _cell(got.get(c)) for c in columns) + " |")
             lines.append(f"| {name}, same seeds | " + " | ".join(
@@ -210,6 +223,52 @@ def ablations_section(rows: list[dict[str, Any]], variants: list[tuple[str, str]
                 _diff(got.get(c), base[c][0] if c in base else None) for c in columns) + " |")
         lines.append("")
     return lines
+
+
+def misses_section(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
+                   goals: dict[str, Goal], seeds: int, targets: Sequence[str]) -> list[str]:
+    """Every cell (and Avg) of a judged row beyond its goal at the paper's selection, beside
+    what was measured about it: the range of the paper's cited rows on that column and each
+    ablation run on that cell (its paired difference to the protocol, and its seeds)."""
+    selection = paper["selection"]
+    variants = sorted({(r["method"], r["variant"]) for r in rows if r["variant"]})
+    lines = []
+    for method, published in paper["accuracy"].items():
+        got = cells(rows, method, targets, selection)
+        if _missing(got, targets, seeds):
+            continue
+        for c in (*targets, "Avg"):
+            gap = got[c][0] - published[c]
+            if abs(gap) > (goals[method].avg if c == "Avg" else goals[method].cell):
+                tried = [_effect(rows, m, v, c, targets, selection) for m, v in variants
+                         if m == method]
+                lines.append(f"| {names.get(method, method)} | {c} | {published[c]:.2f} | "
+                             f"{_cell(got[c])} | {gap:+.2f} | {_span(paper, c)} | "
+                             f"{'; '.join(t for t in tried if t) or 'none yet'} |")
+    if not lines:
+        return []
+    return ["## Where the judged rows miss (at the paper's selection)", "",
+            "Each cell beyond its goal, beside what was measured about it: the range of the "
+            "rows the paper cites on that column (other implementations of the same "
+            "benchmark), and each ablation run on that cell as its paired difference to the "
+            "protocol (seeds).", "",
+            "| row | cell | paper | raydg | raydg - paper | cited rows | ablations on this "
+            "cell |", "|---|---|---|---|---|---|---|", *lines]
+
+
+def _span(paper: dict[str, Any], column: str) -> str:
+    """The range of the paper's cited rows on one column."""
+    cited = [row[column] for row in paper.get("cited", {}).values()]
+    return f"{min(cited):.2f} to {max(cited):.2f}" if cited else "—"
+
+
+def _effect(rows: list[dict[str, Any]], method: str, variant: str, column: str,
+            targets: Sequence[str], selection: str) -> str:
+    """An ablation's paired difference to the protocol on one column, or "" if not run there."""
+    ablated, base = paired(rows, method, variant, targets, selection)
+    if column not in ablated or column not in base:
+        return ""
+    return f"[{variant}] {ablated[column][0] - base[column][0]:+.2f} ({ablated[column][2]})"
 
 
 def cited_section(cited: dict[str, dict[str, float]], columns: Sequence[str]) -> list[str]:
@@ -229,9 +288,10 @@ def _published(label: str, row: dict[str, float], columns: Sequence[str]) -> str
 
 def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
          goals: dict[str, Goal], seeds: int, source: str, command: str, protocol: str) -> str:
-    """The Markdown page: per selection, the paper's rows and raydg's; the goals; the rows the
-    paper cites; where the methods the paper does not report are (docs/fidelity.md); then each
-    ablation (a variant of the protocol) beside the row it changes."""
+    """The Markdown page: per selection, the paper's rows and raydg's; the goals and the cells
+    that miss them; the rows the paper cites; where the methods the paper does not report are
+    (docs/fidelity.md); then each ablation (a variant of the protocol) beside the row it
+    changes."""
     targets = [c for c in next(iter(paper["accuracy"].values())) if c != "Avg"]
     columns = [*targets, "Avg"]
     prints = sorted({r["fingerprint"] for r in rows} - {""})
@@ -261,6 +321,9 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
         got = cells(rows, method, targets, paper["selection"])
         lines.append(f"- {names.get(method, method)}: "
                      f"{verdict(got, published, targets, seeds, goals[method])}")
+    missed = misses_section(rows, paper, names, goals, seeds, targets)
+    if missed:
+        lines += ["", *missed]
     if paper.get("cited"):
         lines += ["", *cited_section(paper["cited"], columns)]
     pairs = sorted({(r["method"], r["variant"]) for r in rows})
