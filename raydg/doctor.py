@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from raydg.config import RunConfig
@@ -36,6 +36,17 @@ def nvidia_driver() -> str:
         else f"unknown (nvidia-smi: {(done.stderr or done.stdout).strip()[:200]})"
 
 
+def raydg_version() -> str:
+    """raydg's installed version; from a source tree on ``PYTHONPATH`` (a Ray job's
+    ``working_dir``, a machine where it is not installed) its ``__version__`` and where it is."""
+    try:
+        return version("raydg")
+    except PackageNotFoundError:
+        import raydg
+
+        return f"{raydg.__version__} (not installed: source in {Path(raydg.__file__).parent})"
+
+
 def facts() -> dict[str, str]:
     """What this node offers: software versions and the GPUs torch sees."""
     import torch
@@ -43,7 +54,7 @@ def facts() -> dict[str, str]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus)) or "none"
     return {"node": platform.node(), "python": platform.python_version(),
-            "libc": " ".join(platform.libc_ver()), "raydg": version("raydg"),
+            "libc": " ".join(platform.libc_ver()), "raydg": raydg_version(),
             "ray": version("ray"), "torch": torch.__version__,
             "torch built for CUDA": str(torch.version.cuda), "GPUs torch sees": f"{gpus} ({names})",
             "NVIDIA driver": nvidia_driver()}

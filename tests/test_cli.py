@@ -260,6 +260,22 @@ def test_doctor_prints_the_node_and_refuses_missing_gpus_before_its_round():
     assert "one round" not in result.stdout and "doctor: OK" not in result.stdout
 
 
+def test_doctor_names_a_source_tree_that_is_not_installed(monkeypatch):
+    """Run from a source tree on PYTHONPATH (no installed distribution, as on the GPU machine
+    and in a Ray job's working_dir), doctor says so instead of failing on the lookup."""
+    from importlib.metadata import PackageNotFoundError
+
+    import raydg
+    from raydg import doctor
+
+    def missing(name: str) -> str:
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(doctor, "version", missing)
+    source = Path(raydg.__file__).parent
+    assert doctor.raydg_version() == f"{raydg.__version__} (not installed: source in {source})"
+
+
 def test_a_sweep_prints_no_line_of_rays_logs(tmp_path):
     """``raydg sweep`` as a user runs it (its own process and Ray): raydg's lines only, none
     of Ray's log lines (they stay in Ray's log files). run and resume: tests/test_faults.py."""
