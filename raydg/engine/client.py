@@ -42,11 +42,20 @@ def where(device: torch.device | str = "cpu") -> dict[str, Any]:
             "pid": os.getpid(), "device": str(device)}
 
 
-def pick_device(gpus: float) -> torch.device:
+def pick_device(gpus: float, deterministic: bool) -> torch.device:
+    """The actor's device. On a GPU with ``deterministic``, cuDNN's and torch's reproducible
+    kernels (cuDNN otherwise picks algorithms that add in any order: the same seed then gives
+    other weights from run to run and with another number of actors); an operation that has
+    no reproducible kernel warns (``warn_only``) rather than stopping the run."""
     if gpus <= 0:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RaydgError("gpus_per_actor > 0 but this worker sees no CUDA device")
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
     return torch.device("cuda")
 
 
@@ -83,7 +92,7 @@ class Runtime:
         cfg = rt.config
         torch.set_num_threads(max(1, int(cfg.cpus_per_actor)))
         self.cfg = cfg
-        self.device = pick_device(cfg.gpus_per_actor)
+        self.device = pick_device(cfg.gpus_per_actor, cfg.deterministic)
         self.method = rt.method
         self.model = self.method.build_model(rt.model).to(self.device)
         self.local_keys = self.method.local_keys(self.model)
