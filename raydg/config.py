@@ -72,7 +72,7 @@ class RunConfig:
     actors: int | None = None  # None: one per client while resources allow
     cpus_per_actor: float = 1.0
     gpus_per_actor: float = 0.0
-    deterministic: bool = True  # on a GPU: reproducible kernels; false: cuDNN picks its fastest
+    deterministic: bool = True  # on a GPU: reproducible kernels; false: torch's defaults
     address: str | None = None  # Ray cluster address; None: a local Ray (or RAY_ADDRESS)
     dashboard: bool = False  # a local Ray with Ray's own processes and its dashboard
     checkpoint_every: int | None = None  # rounds; None: as often as costs < 2 % of the time

@@ -44,18 +44,18 @@ def where(device: torch.device | str = "cpu") -> dict[str, Any]:
 
 def pick_device(gpus: float, deterministic: bool) -> torch.device:
     """The actor's device. On a GPU with ``deterministic``, cuDNN's and torch's reproducible
-    kernels (cuDNN otherwise picks algorithms that add in any order: the same seed then gives
-    other weights from run to run and with another number of actors); an operation that has
-    no reproducible kernel warns (``warn_only``) rather than stopping the run."""
+    kernels (torch's defaults let cuDNN pick algorithms that add in any order: the same seed
+    then gives other weights from run to run and with another number of actors); an operation
+    that has no reproducible kernel warns (``warn_only``) rather than stopping the run."""
     if gpus <= 0:
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise RaydgError("gpus_per_actor > 0 but this worker sees no CUDA device")
     if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before cuBLAS starts
-        torch.backends.cudnn.deterministic = True
-        torch.backends.cudnn.benchmark = False
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # read when cuBLAS starts
+    # both ways: a reused actor may have hosted a federation with the other setting
+    torch.backends.cudnn.deterministic = deterministic
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
     return torch.device("cuda")
 
 
