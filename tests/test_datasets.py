@@ -202,3 +202,21 @@ def test_cache_writes_leave_no_temporary_folders(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         load_dataset("pacs", str(tmp_path / "data"), 8, cache=cache)
     assert sorted(p.name for p in cache.iterdir()) == [mine.name]  # orphan and own one gone
+
+
+def test_inputs_are_normalised_per_channel_from_floats_or_tensors_alike():
+    """``to_inputs``: (x / 255 - mean) / std per channel, in float32 as numpy computes it; the
+    constants as floats or as float32 tensors (a runtime keeps them on its device) give the
+    same bits."""
+    import torch
+
+    from raydg.datasets import to_inputs
+
+    x = np.random.default_rng(0).integers(0, 256, (4, 3, 5, 5), dtype=np.uint8)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    m, s = (np.array(v, dtype=np.float32).reshape(1, 3, 1, 1) for v in (mean, std))
+    expected = (x.astype(np.float32) / np.float32(255) - m) / s
+    floats = to_inputs(x, mean, std)
+    tensors = to_inputs(torch.from_numpy(x), torch.tensor(mean), torch.tensor(std))
+    assert floats.dtype == torch.float32 and torch.equal(floats, tensors)
+    np.testing.assert_allclose(floats.numpy(), expected, rtol=1e-6, atol=1e-6)

@@ -123,15 +123,17 @@ class DatasetSpec:
 DATASETS: Registry[DatasetSpec] = Registry("dataset")
 
 
-def to_inputs(x, mean: tuple[float, ...], std: tuple[float, ...], device=None):
+def to_inputs(x, mean, std, device=None):
     """uint8 ``(n, C, H, W)`` images (numpy or torch) -> normalised float32 tensor on
-    ``device`` (default: where ``x`` is); the uint8 images are moved, then converted there."""
+    ``device`` (default: where ``x`` is); the uint8 images are moved, then converted there.
+    ``mean`` and ``std``: per channel, floats or float32 tensors (used as they are when already
+    on that device)."""
     import torch
 
     t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.array(x, dtype=np.uint8))
     t = t.to(device or t.device, non_blocking=True).float().div_(255.0)
-    m = torch.tensor(mean, dtype=torch.float32, device=t.device).view(1, -1, 1, 1)
-    s = torch.tensor(std, dtype=torch.float32, device=t.device).view(1, -1, 1, 1)
+    m = torch.as_tensor(mean, dtype=torch.float32, device=t.device).view(1, -1, 1, 1)
+    s = torch.as_tensor(std, dtype=torch.float32, device=t.device).view(1, -1, 1, 1)
     return (t - m) / s
 
 

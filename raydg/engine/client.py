@@ -96,7 +96,10 @@ class Runtime:
         self.method = rt.method
         self.model = self.method.build_model(rt.model).to(self.device)
         self.local_keys = self.method.local_keys(self.model)
-        self.mean, self.std = rt.mean, rt.std
+        # on the device once: a copy from host memory at every batch makes the host wait
+        # for the GPU's queue
+        self.mean, self.std = (torch.tensor(v, dtype=torch.float32, device=self.device)
+                               for v in (rt.mean, rt.std))
         self.transform = make_transform(cfg.train_transform, rt.model.image_size)
 
     def where(self) -> dict[str, Any]:
