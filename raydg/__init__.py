@@ -7,8 +7,10 @@ light, and a module that reads results never imports the engine)."""
 
 from typing import Any
 
-__version__ = "0.1.0"
-__all__ = ["Interrupted", "Results", "load_model", "read_report", "run"]
+from raydg.version import __version__, installed_version
+
+__all__ = ["Interrupted", "Results", "__version__", "installed_version", "load_model",
+           "read_report", "run"]
 
 
 def __getattr__(name: str) -> Any:

@@ -16,11 +16,12 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import version
 from pathlib import Path
 
 from raydg.config import RunConfig
 from raydg.errors import RaydgError
+from raydg.version import installed_version
 
 SMOKE = RunConfig(dataset="digits-style", method="fedavg", target="sketch", rounds=1,
                   local_steps=2, clients=3, seeds=[0], address="local")
@@ -36,17 +37,6 @@ def nvidia_driver() -> str:
         else f"unknown (nvidia-smi: {(done.stderr or done.stdout).strip()[:200]})"
 
 
-def raydg_version() -> str:
-    """raydg's installed version; from a source tree on ``PYTHONPATH`` (a Ray job's
-    ``working_dir``, a machine where it is not installed) its ``__version__`` and where it is."""
-    try:
-        return version("raydg")
-    except PackageNotFoundError:
-        import raydg
-
-        return f"{raydg.__version__} (not installed: source in {Path(raydg.__file__).parent})"
-
-
 def facts() -> dict[str, str]:
     """What this node offers: software versions and the GPUs torch sees."""
     import torch
@@ -54,7 +44,7 @@ def facts() -> dict[str, str]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = ", ".join(torch.cuda.get_device_name(i) for i in range(gpus)) or "none"
     return {"node": platform.node(), "python": platform.python_version(),
-            "libc": " ".join(platform.libc_ver()), "raydg": raydg_version(),
+            "libc": " ".join(platform.libc_ver()), "raydg": installed_version(),
             "ray": version("ray"), "torch": torch.__version__,
             "torch built for CUDA": str(torch.version.cuda), "GPUs torch sees": f"{gpus} ({names})",
             "NVIDIA driver": nvidia_driver()}

@@ -262,18 +262,20 @@ def test_doctor_prints_the_node_and_refuses_missing_gpus_before_its_round():
 
 def test_doctor_names_a_source_tree_that_is_not_installed(monkeypatch):
     """Run from a source tree on PYTHONPATH (no installed distribution, as on the GPU machine
-    and in a Ray job's working_dir), doctor says so instead of failing on the lookup."""
+    and in a Ray job's working_dir), doctor and the MLflow tag say so instead of failing on the
+    lookup."""
     from importlib.metadata import PackageNotFoundError
 
     import raydg
-    from raydg import doctor
+    from raydg import version
 
     def missing(name: str) -> str:
         raise PackageNotFoundError(name)
 
-    monkeypatch.setattr(doctor, "version", missing)
+    monkeypatch.setattr(version, "version", missing)
     source = Path(raydg.__file__).parent
-    assert doctor.raydg_version() == f"{raydg.__version__} (not installed: source in {source})"
+    assert raydg.installed_version() == (f"{raydg.__version__} (not installed: source in "
+                                         f"{source})")
 
 
 def test_a_sweep_prints_no_line_of_rays_logs(tmp_path):

@@ -40,6 +40,7 @@ from raydg.results import (
     write_table,
 )
 from raydg.tracking.store import quiet_mlflow, tracking_uri
+from raydg.version import installed_version
 
 # MLflow's run page draws a section per metric prefix (before the last '/'), sections in name
 # order before the unprefixed "Model metrics": the curves are logged a second time under a
@@ -62,12 +63,8 @@ def _version() -> dict[str, str]:
     """raydg's version, and the git commit of its source when it runs from a checkout
     (``+dirty`` with uncommitted changes)."""
     import subprocess
-    from importlib.metadata import PackageNotFoundError, version
 
-    try:
-        out = {"raydg.version": version("raydg")}
-    except PackageNotFoundError:
-        out = {"raydg.version": "unknown"}
+    out = {"raydg.version": installed_version()}
     source = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "-C", str(source), "rev-parse", "HEAD"],
