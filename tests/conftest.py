@@ -41,8 +41,12 @@ EXIT_STATUS = pytest.StashKey[int]()
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """The script ``benchmarks/NAME.py`` as a module (benchmarks are not a package)."""
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    """The script ``benchmarks/NAME.py`` as a module (benchmarks are not a package; a script
+    imports its siblings as ``python benchmarks/NAME.py`` finds them, from its folder)."""
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    path = folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there

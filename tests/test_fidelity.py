@@ -1,7 +1,7 @@
-"""``benchmarks/fidelity.py``: the page made from runs files. Selection by source validation,
-names that carry off-paper choices, claims with their t-test and Holm's adjustment, all against
-numbers computed here from a runs file written by hand; and the committed page against what
-its committed runs files give."""
+"""``benchmarks/fidelity.py`` and its ``fidelity_page.py``: the page made from runs files.
+Selection by source validation, names that carry off-paper choices, claims with their t-test and
+Holm's adjustment, all against numbers computed here from a runs file written by hand; and the
+committed page against what its committed runs files give."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from scipy import stats
 
 from raydg.reporting import rows
 from raydg.reporting.reproduction import write_rows
+from raydg.results import holm
 from tests.conftest import load_benchmark
 
 fidelity = load_benchmark("fidelity")
+fidelity_page = load_benchmark("fidelity_page")
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ("plain", "sketch")
 SEEDS = (0, 1, 2)
@@ -70,7 +72,7 @@ def rows_dir(tmp_path_factory, accuracies) -> Path:
 
 
 def test_each_domain_keeps_the_setting_of_best_source_validation(rows_dir):
-    about, got = fidelity.group_rows(rows_dir / "digits-style-scratch-fedfd-a.json.gz")
+    about, got = fidelity_page.group_rows(rows_dir / "digits-style-scratch-fedfd-a.json.gz")
     chosen = {(r["target"], r["setting"]) for r in got if r["chosen"] and r["method"] == "fedfd"}
     assert chosen == {("plain", "options.cafl_reduction=mean"),
                       ("sketch", "options.cafl_reduction=sum")}
@@ -82,7 +84,7 @@ def test_each_domain_keeps_the_setting_of_best_source_validation(rows_dir):
 def test_the_page_names_off_paper_choices_and_tests_the_claims(rows_dir, accuracies):
     """The fedfd row says where CAFL's mean was chosen; its claims against fedavg and of
     fedfd against its fixed mode are the paired t-tests computed here, Holm-adjusted."""
-    text = fidelity.page(rows_dir)
+    text = fidelity_page.page(rows_dir)
     assert "| fedfd-a | fedfd [cafl_reduction=mean in 1 of 2 domains] |" in text
 
     def chosen(t: str, s: int) -> float:
@@ -90,8 +92,8 @@ def test_the_page_names_off_paper_choices_and_tests_the_claims(rows_dir, accurac
 
     versus_fedavg = np.array([np.mean([chosen(t, s) - accuracies["fedavg", t, s]
                                        for t in TARGETS]) for s in SEEDS])
-    claims = {c["claim"].baseline: c for c in fidelity.claim_rows(
-        fidelity.group_rows(rows_dir / "digits-style-scratch-fedfd-a.json.gz")[1])
+    claims = {c["claim"].baseline: c for c in fidelity_page.claim_rows(
+        fidelity_page.group_rows(rows_dir / "digits-style-scratch-fedfd-a.json.gz")[1])
         if c["claim"].method == "fedfd"}
     assert set(claims) == {"fedavg"}  # no silobn runs: that claim has no row
     got = claims["fedavg"]
@@ -109,11 +111,11 @@ def test_a_claim_outside_its_papers_shift_is_labelled_and_left_out_of_the_family
               "dataset": d, "regime": "scratch", "protocol": "feddg", "chosen": True}
              for d in ("digits-style", "digits-rot") for m in ("fedavg", "ampmix")
              for t in TARGETS for s, a in zip(SEEDS, (50.0, 52.0, 57.0), strict=True)]
-    claims = [c for c in fidelity.claim_rows(rows_) if c["claim"].method == "ampmix"]
+    claims = [c for c in fidelity_page.claim_rows(rows_) if c["claim"].method == "ampmix"]
     assert [(c["dataset"], c["in_scope"]) for c in claims] == [
         ("digits-style", True), ("digits-rot", False)]
     assert "holm" not in claims[1]
-    assert "out of scope" in fidelity.claims_table(claims)[3]
+    assert "out of scope" in fidelity_page.claims_table(claims)[3]
 
 
 def test_the_committed_pages_are_what_their_runs_files_give(capsys):
@@ -128,7 +130,7 @@ def test_verdicts_from_glyphs_and_neutral_sit_side_by_side_and_changes_are_named
               "dataset": "digits-style", "regime": regime, "protocol": "feddg", "chosen": True}
              for regime, gain in gains.items() for m in ("fedavg", "fedgma")
              for t in TARGETS for s, g in enumerate(gain)]
-    lines = fidelity.by_regime([c for c in fidelity.claim_rows(rows_)
+    lines = fidelity_page.by_regime([c for c in fidelity_page.claim_rows(rows_)
                                 if c["claim"].method == "fedgma"])
     assert lines[0] == "| claim | digits-style, glyphs | digits-style, neutral |"
     assert lines[2].startswith("| fedgma ≥ fedavg | +2.0 holds | +0.2 not significant |")
@@ -156,7 +158,7 @@ def test_the_real_data_regime_pairs_each_method_with_fedavg_on_its_model(rows_di
     real += [_real(m, t, 0, a, bn) for m, a in (("fedavg", 70.0), ("fedbn", 74.0))
              for t in ("M0", "M15")]
     write_rows(tmp_path / "real.csv", real)
-    text = fidelity.page(rows_dir, real_file=tmp_path / "real.csv")
+    text = fidelity_page.page(rows_dir, real_file=tmp_path / "real.csv")
     plain = text.split("## rotmnist, scratch\n")[1].split("## ")[0]
     half = stats.t.ppf(0.975, 1) * np.std([1.0, 3.0], ddof=1) / np.sqrt(2)
     # fedprox: M0 81, 85; M15 95, 99; Avg per seed 88, 92
@@ -178,18 +180,18 @@ def test_a_real_data_claim_is_tested_once_both_sides_have_every_seed(rows_dir, t
             for m in ("fedavg", "csac") for t in ("M0", "M15") for s, g in enumerate(gain)]
     write_rows(tmp_path / "four.csv", [r for r in real if r["method"] == "fedavg"
                                        or r["seed"] < 4])
-    text = fidelity.page(rows_dir, real_file=tmp_path / "four.csv")
+    text = fidelity_page.page(rows_dir, real_file=tmp_path / "four.csv")
     assert ("waiting for 5 seeds on both sides: csac ≥ fedavg (scratch: 4 and 5 seeds)."
             in text)
     assert "| csac ≥ fedavg |" not in text
     write_rows(tmp_path / "five.csv", real)
-    text = fidelity.page(rows_dir, real_file=tmp_path / "five.csv")
+    text = fidelity_page.page(rows_dir, real_file=tmp_path / "five.csv")
     p = stats.ttest_1samp(gain, 0).pvalue
-    family = [c["p"] for c in fidelity.claim_rows(
-        fidelity.group_rows(rows_dir / "digits-style-scratch-fedfd-a.json.gz")[1])
+    family = [c["p"] for c in fidelity_page.claim_rows(
+        fidelity_page.group_rows(rows_dir / "digits-style-scratch-fedfd-a.json.gz")[1])
         if c["in_scope"]] + [p]
     line = next(x for x in text.splitlines() if x.startswith("| csac ≥ fedavg |"))
     assert line.startswith(f"| csac ≥ fedavg | CSAC Table 3 (csac-rotmnist) | rotmnist | "
                            f"scratch | +{np.mean(gain):.1f} ± ")
-    assert f"| {p:.3f} | {fidelity.holm(family)[-1]:.3f} |" in line
+    assert f"| {p:.3f} | {holm(family)[-1]:.3f} |" in line
     assert "waiting" not in text
