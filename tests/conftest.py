@@ -42,15 +42,16 @@ EXIT_STATUS = pytest.StashKey[int]()
 
 def load_benchmark(name: str) -> ModuleType:
     """The script ``benchmarks/NAME.py`` as a module (benchmarks are not a package; a script
-    imports its siblings as ``python benchmarks/NAME.py`` finds them, from its folder)."""
+    imports its siblings from its folder, as ``python benchmarks/NAME.py`` finds them)."""
     folder = Path(__file__).resolve().parent.parent / "benchmarks"
-    if str(folder) not in sys.path:
-        sys.path.append(str(folder))
-    path = folder / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(folder))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(folder))
     return module
 
 
