@@ -276,6 +276,8 @@ def test_doctor_names_a_source_tree_that_is_not_installed(monkeypatch):
     source = Path(raydg.__file__).parent
     assert raydg.installed_version() == (f"{raydg.__version__} (not installed: source in "
                                          f"{source})")
+    pyproject = (source.parent / "pyproject.toml").read_text()
+    assert f'\nversion = "{raydg.__version__}"\n' in pyproject  # the one it declares
 
 
 def test_a_sweep_prints_no_line_of_rays_logs(tmp_path):
