@@ -22,6 +22,7 @@ from raydg.config import setting_label
 State = dict[str, np.ndarray]
 # in the method's label, not the setting
 METHOD_KEYS = ("method", "augment", "aggregation", "equal_compute")
+MISSING = "—"  # a table's cell without a run
 
 
 @dataclass
@@ -155,8 +156,10 @@ def long_rows(results: Sequence[FederationResult]) -> list[dict[str, Any]]:
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single seed)."""
+    """Mean and sample standard deviation (0 for a single seed; both NaN for none)."""
     arr = np.asarray(values, dtype=np.float64)
+    if not len(arr):
+        return float("nan"), float("nan")
     return float(arr.mean()), float(arr.std(ddof=1)) if len(arr) > 1 else 0.0
 
 
@@ -166,8 +169,9 @@ def first_seen(values: Sequence[Any]) -> list[Any]:
 
 def summary_rows(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[str, Any]]:
     """The papers' table: per (method, setting, mode, selection), mean and std over seeds per
-    target; ``Avg`` averages the targets within each seed, then takes mean and std over seeds.
-    Settings keep the search's order."""
+    target (NaN where it has no run); ``Avg`` averages the targets within each seed that has
+    every one of them, then takes mean and std over those seeds (NaN where none has: an
+    average over fewer targets is not the table's). Settings keep the search's order."""
     out = []
     order = {s: i for i, s in enumerate(first_seen(r["setting"] for r in rows))}
     keys = sorted({(r["method"], r["setting"], r["mode"], r["selection"]) for r in rows},
@@ -180,13 +184,19 @@ def summary_rows(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[st
                                "selection": sel}
         seeds = sorted({r["seed"] for r in mine})
         for t in targets:
-            row[t], row[f"{t}_std"] = mean_std([r["accuracy"] for r in mine if r["target"] == t])
-        per_seed = [np.mean([r["accuracy"] for r in mine if r["seed"] == s]) for s in seeds]
-        row["Avg"], row["Avg_std"] = mean_std(per_seed)
+            _stat(row, t, [r["accuracy"] for r in mine if r["target"] == t])
+        _stat(row, "Avg", [np.mean([r["accuracy"] for r in mine if r["seed"] == s]) for s in seeds
+                           if set(targets) <= {r["target"] for r in mine if r["seed"] == s}])
         row["seeds"] = len(seeds)
         row["steps"] = float(np.mean([r["steps"] for r in mine]))
         out.append(row)
     return out
+
+
+def _stat(row: dict[str, Any], column: str, values: list[float]) -> None:
+    """A summary cell: ``column``, ``column_std`` (:func:`mean_std`) and ``column_seeds``."""
+    row[column], row[f"{column}_std"] = mean_std(values)
+    row[f"{column}_seeds"] = len(values)
 
 
 def duration(seconds: float) -> str:
@@ -205,7 +215,7 @@ def format_summary(summary: list[dict[str, Any]], targets: list[str], seeds: int
         modes = {r["mode"] for r in rows}
         names = [" ".join([r["method"], *([f"[{r['setting']}]"] if r["setting"] else []),
                            *([f"[{r['mode']}]"] if len(modes) > 1 else [])]) for r in rows]
-        bodies[sel] = [[n, *(cell(r[c], r[c + "_std"], seeds) for c in cols),
+        bodies[sel] = [[n, *(cell(r[c], r[c + "_std"], r[c + "_seeds"]) for c in cols),
                         f"{r['steps']:.0f}"] for n, r in zip(names, rows, strict=True)]
     blocks = []
     for sel, title in SELECTIONS.items():  # a table equal to an earlier one is not repeated
@@ -221,13 +231,16 @@ def format_summary(summary: list[dict[str, Any]], targets: list[str], seeds: int
 
 
 def cell(mean: float, std: float, seeds: int) -> str:
+    """``mean ± std`` over ``seeds`` (the mean alone for one; ``—`` for none)."""
+    if np.isnan(mean):
+        return MISSING
     return f"{mean:.2f} ± {std:.2f}" if seeds > 1 else f"{mean:.2f}"
 
 
 def text_table(title: str, header: list[str], rows: list[list[str]]) -> str:
     """A plain-text table: columns of numbers right-aligned, the others left-aligned."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    numeric = [all(not r[i] or r[i][0].isdigit() or r[i][0] == "-" for r in rows)
+    numeric = [all(not r[i] or r[i][0].isdigit() or r[i][0] in ("-", "+", MISSING) for r in rows)
                for i in range(len(header))]
 
     def line(cells: list[str]) -> str:

@@ -61,20 +61,9 @@ def child_runs(uri: str, lr: str | None = None, method: str | None = None) -> li
 
 
 def expected_table(uri: str, selection: str, lr: str) -> dict[str, dict[str, float]]:
-    """Per method: mean and std over seeds per target and of the per-seed Avg, from each run's
-    logged ``val_acc`` / ``target_acc`` per round (selected: the first round of best source
-    validation accuracy; last; oracle: the best target accuracy)."""
-    client = MlflowClient(uri)
-    acc: dict[tuple[str, str, int], float] = {}
-    for run in child_runs(uri, lr):
-        val = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "val_acc"),
-                                       key=lambda m: m.step)]
-        target = [m.value for m in sorted(
-            client.get_metric_history(run.info.run_id, "target_acc"), key=lambda m: m.step)]
-        pick = {"selected": target[int(np.argmax(val))], "last": target[-1],
-                "oracle": max(target)}[selection]
-        tags = run.data.tags
-        acc[tags["raydg.method"], tags["raydg.target"], int(tags["raydg.seed"])] = pick
+    """Per method: mean and std over seeds per target and of the per-seed Avg, from
+    :func:`run_accuracies`."""
+    acc = run_accuracies(uri, selection, lr)
     out = {}
     for method in METHODS:
         row = {}
@@ -86,6 +75,24 @@ def expected_table(uri: str, selection: str, lr: str) -> dict[str, dict[str, flo
         row["per_seed"] = per_seed
         out[method] = row
     return out
+
+
+def run_accuracies(uri: str, selection: str, lr: str) -> dict[tuple[str, str, int], float]:
+    """Each run's target accuracy by (method, target, seed), from its logged ``val_acc`` /
+    ``target_acc`` per round (selected: the first round of best source validation accuracy;
+    last; oracle: the best target accuracy)."""
+    client = MlflowClient(uri)
+    acc: dict[tuple[str, str, int], float] = {}
+    for run in child_runs(uri, lr):
+        val = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "val_acc"),
+                                       key=lambda m: m.step)]
+        target = [m.value for m in sorted(
+            client.get_metric_history(run.info.run_id, "target_acc"), key=lambda m: m.step)]
+        pick = {"selected": target[int(np.argmax(val))], "last": target[-1],
+                "oracle": max(target)}[selection]
+        tags = run.data.tags
+        acc[tags["raydg.method"], tags["raydg.target"], int(tags["raydg.seed"])] = pick
+    return acc
 
 
 def paired_interval(expected: dict[str, dict], method: str, versus: str) -> tuple[float, float]:

@@ -36,6 +36,7 @@ from raydg.reporting.runs import (
     tables,
 )
 from raydg.results import (
+    MISSING,
     SELECTIONS,
     cell,
     first_seen,
@@ -157,13 +158,14 @@ def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, d
         for r in t.rows:
             more = extra.get(r["method"], {})
             shown = {"Seeds": str(r["seeds"]), **more}
-            body.append([r["method"], *(cell(r[c], r[c + "_std"], r["seeds"]) for c in cols),
+            body.append([r["method"], *(cell(r[c], r[c + "_std"], r[c + "_seeds"])
+                                        for c in cols),
                          *(shown.get(k, "") for k in added)])
             records.append({"table": i, **{k: t.settings.get(k, UNSET)
                                            for k in differing(tabs)},
                             "method": r["method"], "seeds": r["seeds"],
-                            **{c: r[c] for c in cols},
-                            **{f"{c}_std": r[c + "_std"] for c in cols}, **more})
+                            **{c: _number(r[c]) for c in cols},
+                            **{f"{c}_std": _number(r[c + "_std"]) for c in cols}, **more})
             if r["method"] in published:
                 paper_row = published[r["method"]]
                 records[-1].update({f"paper_{c}": v for c, v in paper_row.items()})
@@ -171,13 +173,19 @@ def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, d
                     f"{paper_row[c]:.2f}" if c in paper_row else "" for c in cols),
                     *[""] * len(added)])
                 body.append(["  measured - paper", *(
-                    f"{r[c] - paper_row[c]:+.2f}" if c in paper_row else "" for c in cols),
+                    (MISSING if np.isnan(r[c]) else f"{r[c] - paper_row[c]:+.2f}")
+                    if c in paper_row else "" for c in cols),
                     *[""] * len(added)])
         seeds = f"{counts[0]} seed(s)" if len(counts) == 1 else (
             f"{counts[0]}-{counts[-1]} seeds (Seeds: per row)")
         heading = f"{title}, {seeds}" + setting_note(t, tabs)
         blocks.append((heading, ["Method", *cols, *added], body))
     return _format(blocks + rounds[0], records + rounds[1], fmt)
+
+
+def _number(value: float) -> float | None:
+    """A cell's number in the records (JSON, CSV): none where the cell has no run."""
+    return None if np.isnan(value) else value
 
 
 def _format(blocks: list[Block], records: list[dict[str, Any]], fmt: str) -> str:
