@@ -313,7 +313,7 @@ def format_selection(selection: list[dict[str, Any]], seeds: int) -> str:
 def seed_differences(rows: list[dict[str, Any]], method: str, baseline: str) -> np.ndarray:
     """``method`` against ``baseline`` on the same seeds (same partitions and initial model):
     per seed, the difference of their accuracies averaged over the targets. Only seeds that
-    both have on every target count."""
+    both have on every target of ``rows`` count."""
     def by_seed(name: str) -> dict[int, dict[str, float]]:
         out: dict[int, dict[str, float]] = {}
         for r in rows:
@@ -322,7 +322,8 @@ def seed_differences(rows: list[dict[str, Any]], method: str, baseline: str) -> 
         return out
 
     a, b = by_seed(method), by_seed(baseline)
-    seeds = sorted(s for s in set(a) & set(b) if a[s].keys() == b[s].keys())
+    targets = {r["target"] for r in rows}
+    seeds = sorted(s for s in set(a) & set(b) if a[s].keys() == b[s].keys() == targets)
     return np.array([np.mean([a[s][t] - b[s][t] for t in a[s]]) for s in seeds])
 
 

@@ -395,9 +395,10 @@ def test_rows_with_fewer_seeds_say_so(store, tmp_path):
 
 def test_a_target_without_every_seed_is_shown_as_it_is_and_the_avg_only_over_whole_seeds(
         store, tmp_path):
-    """fedbn's M45 run of seed 1 left out: its M45 cell is seed 0's accuracy alone (no ± 0.00)
-    and its Avg the one seed that has both targets; with M45 left out altogether, M45 and Avg
-    are empty (—, null in JSON): never an average over fewer targets than the table's."""
+    """fedbn's M45 run of seed 1 left out: its M45 cell is seed 0's accuracy alone (no ± 0.00),
+    its Avg and its difference to FedAvg those of the one seed that has both targets; with M45
+    left out altogether, M45, Avg and the difference are empty (—, null in JSON): never an
+    average over fewer targets than the table's."""
     import gzip
 
     full = tmp_path / "runs.json.gz"
@@ -406,25 +407,27 @@ def test_a_target_without_every_seed_is_shown_as_it_is_and_the_avg_only_over_who
     acc = run_accuracies(store, "selected", "0.05")
 
     def without(seeds: set[str]) -> tuple[list[str], dict]:
-        """fedbn's printed cells (M0, M45, Avg) and its JSON record, its M45 runs of ``seeds``
-        left out of the runs file."""
+        """fedbn's printed cells (M0, M45, Avg, vs fedavg) and its JSON record, its M45 runs
+        of ``seeds`` left out of the runs file."""
         kept = dict(data, runs=[r for r in data["runs"] if not (
             r["tags"].get("raydg.method") == "fedbn" and r["tags"].get("raydg.target") == "M45"
             and r["tags"].get("raydg.seed") in seeds)])
         path = tmp_path / f"without-{len(seeds)}.json.gz"
         path.write_bytes(gzip.compress(json.dumps(kept).encode()))
-        result = CliRunner().invoke(cli, ["report", "--rows", str(path)])
+        result = CliRunner().invoke(cli, ["report", "--rows", str(path), "--versus", "fedavg"])
         assert result.exit_code == 0 and "Warning" not in result.output, result.output
         line = next(ln for ln in result.stdout.splitlines() if ln.startswith("fedbn "))
         records = CliRunner().invoke(cli, ["report", "--rows", str(path), "--format", "json"])
         record = next(r for r in json.loads(records.stdout) if r["method"] == "fedbn")
-        return [c.strip() for c in line.split("  ") if c.strip()][1:4], record
+        return [c.strip() for c in line.split("  ") if c.strip()][1:], record
 
     cells, record = without({"1"})
     m0 = [acc["fedbn", "M0", s] for s in SEEDS]
     avg0 = np.mean([acc["fedbn", "M0", 0], acc["fedbn", "M45", 0]])
+    versus0 = avg0 - np.mean([acc["fedavg", "M0", 0], acc["fedavg", "M45", 0]])
     assert cells == [f"{np.mean(m0):.2f} ± {np.std(m0, ddof=1):.2f}",
-                     f"{acc['fedbn', 'M45', 0]:.2f}", f"{avg0:.2f}"]  # seed 0 alone
+                     f"{acc['fedbn', 'M45', 0]:.2f}", f"{avg0:.2f}",  # seed 0 alone
+                     f"{versus0:+.2f} (1 seed)"]
     assert record["Avg"] == pytest.approx(avg0)
     cells, record = without({"0", "1"})
-    assert cells[1:] == ["—", "—"] and record["M45"] is None and record["Avg"] is None
+    assert cells[1:] == ["—", "—", "—"] and record["M45"] is None and record["Avg"] is None

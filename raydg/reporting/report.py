@@ -59,7 +59,7 @@ def versus(table: Table, baseline: str, selection: str) -> dict[str, dict[str, s
         if m != baseline:
             mean, half, n = paired_difference(rows, m, baseline)
             out[m] = {f"vs {baseline} (95% CI)": f"{mean:+.2f} ± {half:.2f}" if n > 1
-                      else f"{mean:+.2f} ({n} seed)"}
+                      else f"{mean:+.2f} (1 seed)" if n else MISSING}
     return out
 
 
