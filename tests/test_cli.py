@@ -280,6 +280,27 @@ def test_doctor_names_a_source_tree_that_is_not_installed(monkeypatch):
     assert f'\nversion = "{raydg.__version__}"\n' in pyproject  # the one it declares
 
 
+def test_version_is_answered_from_a_source_tree_that_is_not_installed():
+    """``raydg --version`` where no distribution of raydg is installed (its lookup made to find
+    none, in a process of its own): the declared version and the source folder, exit 0."""
+    hide = ("import importlib.metadata as m, sys\n"
+            "found = m.version\n"
+            "def version(name):\n"
+            "    if name == 'raydg':\n"
+            "        raise m.PackageNotFoundError(name)\n"
+            "    return found(name)\n"
+            "m.version = version\n"
+            "from raydg.cli import cli\n"
+            "cli(['--version'])\n")
+    done = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True,
+                          timeout=60)
+    import raydg
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (f"raydg, version {raydg.__version__} (not installed: source in "
+                           f"{Path(raydg.__file__).parent})\n")
+
+
 def test_a_sweep_prints_no_line_of_rays_logs(tmp_path):
     """``raydg sweep`` as a user runs it (its own process and Ray): raydg's lines only, none
     of Ray's log lines (they stay in Ray's log files). run and resume: tests/test_faults.py."""

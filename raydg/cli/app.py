@@ -18,6 +18,7 @@ from raydg.cli.experiments import resume, run, sweep
 from raydg.cli.options import CONTEXT
 from raydg.cli.tools import data, doctor, list_cmd, report, store
 from raydg.errors import EmptyResult, RaydgError, TrackingError
+from raydg.version import installed_version
 
 
 class Cli(click.Group):
@@ -45,7 +46,7 @@ class Cli(click.Group):
 
 
 @click.group(cls=Cli, context_settings=CONTEXT)
-@click.version_option(package_name="raydg")
+@click.version_option(installed_version(), prog_name="raydg")
 def cli() -> None:
     """raydg: parallel simulation of federated domain generalization on Ray."""
 
