@@ -14,7 +14,7 @@ import torch
 from raydg import seeding, state
 from raydg.datasets import load_dataset
 from raydg.engine.actors import balanced_groups
-from raydg.engine.client import ClientHost, RuntimeSpec
+from raydg.engine.client import ClientHost, RuntimeSpec, on_host
 from raydg.engine.simulation import Simulation
 from raydg.methods import Method, method_class
 from raydg.models import ModelSpec
@@ -207,6 +207,16 @@ def test_logged_values_and_local_steps_become_round_metrics():
     assert [row["steps"] for row in result.history] == [4 * 2 + 2 * 4, 2 * 4]
     assert steps_per_client(result) == (8 + 8 + 8) / 4
     assert {r["steps"] for r in result.tables["client_rounds"]} == {4}
+
+
+def test_step_values_are_read_back_once_as_the_floats_of_one_read_per_step():
+    """A round's per-step losses and logged values, tensors or floats in any mix (a plugin's
+    train_step may return either), become the same floats as ``float()`` of each."""
+    values = [torch.tensor(0.1234567), 2.5, torch.tensor([3.25]), torch.tensor(7),
+              torch.tensor(1.0, dtype=torch.float64) / 3, torch.tensor(2.0, requires_grad=True)]
+    assert on_host(values) == [float(v.detach()) if isinstance(v, torch.Tensor) else float(v)
+                               for v in values]
+    assert on_host([]) == [] and on_host([1, 2.0]) == [1.0, 2.0]
 
 
 def test_a_run_stuck_at_chance_says_so_once():

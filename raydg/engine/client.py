@@ -42,6 +42,15 @@ def where(device: torch.device | str = "cpu") -> dict[str, Any]:
             "pid": os.getpid(), "device": str(device)}
 
 
+def on_host(values: list[float | torch.Tensor]) -> list[float]:
+    """Per-step values as floats: the tensors among them copied from their device at once (the
+    same numbers as one read per step, without the host waiting at every step)."""
+    tensors = [v.detach().reshape(()) for v in values if isinstance(v, torch.Tensor)]
+    read = iter(torch.stack([t.to(tensors[0].device, torch.float64) for t in tensors]).cpu()
+                .tolist() if tensors else [])
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
+
+
 def pick_device(gpus: float, deterministic: bool) -> torch.device:
     """The actor's device. On a GPU with ``deterministic``, cuDNN's and torch's reproducible
     kernels (torch's defaults let cuDNN pick algorithms that add in any order: the same seed
@@ -226,8 +235,9 @@ class ClientHost(Runtime):
         self.method.end_round(ctx)
         upload = best_state if best_state is not None else st.to_numpy(self.model)
         self.slots[cid].state.local = {k: upload[k] for k in self.local_keys}
-        metrics = {"train_loss": float(np.mean(losses)), "seconds": time.perf_counter() - start,
-                   "steps": ctx.steps, **{k: float(np.mean(v)) for k, v in ctx.metrics.items()}}
+        metrics = {"train_loss": float(np.mean(on_host(losses))),
+                   "seconds": time.perf_counter() - start, "steps": ctx.steps,
+                   **{k: float(np.mean(on_host(v))) for k, v in ctx.metrics.items()}}
         if select:
             metrics["local_val_acc"] = best_acc
         return Upload(cid, data.num_train, upload, metrics)

@@ -103,7 +103,7 @@ class ClientContext:
     evaluate: Any
     scratch: dict[str, Any] = field(default_factory=dict)
     optimizer: SGD | torch.optim.Optimizer | None = None
-    metrics: dict[str, list[float]] = field(default_factory=dict)
+    metrics: dict[str, list[float | Tensor]] = field(default_factory=dict)
     steps: int = 0
 
     def make_optimizer(self, params, scale: float = 1.0) -> SGD | torch.optim.Optimizer:
@@ -117,8 +117,10 @@ class ClientContext:
         return SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
     def log(self, name: str, value: float | Tensor) -> None:
-        """Record ``value``; the round's metric ``name`` is its mean (over steps and clients)."""
-        self.metrics.setdefault(name, []).append(float(value))
+        """Record ``value``; the round's metric ``name`` is its mean (over steps and clients).
+        A tensor stays on its device until the round ends (no wait for the GPU at each step)."""
+        self.metrics.setdefault(name, []).append(
+            value.detach() if isinstance(value, Tensor) else float(value))
 
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Endless seeded minibatches of the training shard, reshuffled every epoch, with the
@@ -268,13 +270,15 @@ class Method:
         """Called after the global weights are loaded, before the first local step."""
         ctx.optimizer = ctx.make_optimizer(p for p in ctx.model.parameters() if p.requires_grad)
 
-    def train_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float:
+    def train_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float | Tensor:
+        """One local step; its loss, as a float or a tensor that is read back when the round
+        ends (a read at every step would make the host wait for the GPU)."""
         assert ctx.optimizer is not None
         ctx.optimizer.zero_grad(set_to_none=True)
         loss = self.loss(ctx, x, y)
         loss.backward()
         ctx.optimizer.step()
-        return float(loss.detach())
+        return loss.detach()
 
     def loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> Tensor:
         """Eq. (1) of FedFD-A: cross-entropy on the client's own data."""

@@ -73,6 +73,6 @@ class DeepAll(Method):
                                          batch_size=self.multiplier * ctx.config.batch_size)
         super().start_round(ctx)
 
-    def train_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float:
+    def train_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float | Tensor:
         ctx.steps += self.multiplier - 1  # in batch_size minibatches
         return super().train_step(ctx, x, y)

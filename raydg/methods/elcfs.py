@@ -79,7 +79,8 @@ class ELCFS(AmpMix):
     def training_inputs(self, mixer: Mixer) -> Episode:
         return Episode(mixer)
 
-    def train_step(self, ctx: ClientContext, x: tuple[Tensor, Tensor], y: Tensor) -> float:
+    def train_step(self, ctx: ClientContext, x: tuple[Tensor, Tensor], y: Tensor
+                   ) -> float | Tensor:
         """One episode, Eq. (4)-(6)."""
         assert ctx.optimizer is not None
         own, interpolated = x
@@ -96,4 +97,4 @@ class ELCFS(AmpMix):
         ctx.optimizer.step()
         ctx.log("elcfs/inner", inner.detach())
         ctx.log("elcfs/outer", outer.detach())
-        return float(inner.detach())
+        return inner.detach()

@@ -124,7 +124,7 @@ class FedFDA(FedFD):
         ctx.scratch["params"] = (main, adapters)
         set_reference(ctx.model, ctx.global_state)
 
-    def train_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float:
+    def train_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float | Tensor:
         """One local iteration of FedIG-A Table 13: main network, then adapters (not while
         warming up: mu_G, sigma_G are not the clients' yet)."""
         loss = self.main_step(ctx, x, y)
@@ -132,7 +132,7 @@ class FedFDA(FedFD):
             self.adapter_step(ctx, x, y)
         return loss
 
-    def main_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float:
+    def main_step(self, ctx: ClientContext, x: Tensor, y: Tensor) -> float | Tensor:
         """The main network on Eq. (5), the adapters frozen."""
         with frozen(ctx.scratch["params"][1]):
             return super().train_step(ctx, x, y)
