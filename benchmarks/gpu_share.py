@@ -20,7 +20,9 @@ Printed per run:
 * then where a steady round goes, medians of raydg's ``time/*`` metrics (README, "Where a
   round's time goes"; ``idle`` is ``train - busy``).
 
-``--gpus 0`` runs the same script on CPU (a dry run: no GPU memory column).
+``--gpus 0`` runs the same script on CPU (a dry run: no GPU memory column);
+``--nondeterministic`` with torch's default GPU kernels (README, *Determinism*), whose runs
+need not be bit-identical.
 
 Run:  python benchmarks/gpu_share.py [--per-gpu 1 2 4] [--rounds 5] [--json gpu_share.json]
 """
@@ -124,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="resnet18")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--transform", default="domainbed", help="train_transform of the clients")
+    p.add_argument("--nondeterministic", action="store_true",
+                   help="torch's default GPU kernels (deterministic: false), to time the switch")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args(argv)
     if args.rounds < 2:
@@ -131,12 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = resolve(RunConfig(dataset="digits-style", method="fedavg", target="sketch",
                             clients=12, local_steps=10, batch_size=64, rounds=args.rounds,
                             model=args.model, pretrained=False, image_size=args.image_size,
-                            sample=12, cpus_per_actor=1, train_transform=args.transform))
+                            sample=12, cpus_per_actor=1, train_transform=args.transform,
+                            deterministic=not args.nondeterministic))
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     print(f"workload: {cfg.model} at {cfg.image_size} px, {cfg.clients} clients x "
           f"{cfg.local_steps} steps x batch {cfg.batch_size} ({cfg.train_transform} "
           f"augmentation), {cfg.rounds} rounds; "
-          f"{args.gpus:g} GPU(s) shared by K actors, K in {args.per_gpu}", flush=True)
+          f"{args.gpus:g} GPU(s) shared by K actors, K in {args.per_gpu}"
+          f"{'; torch default kernels' if args.nondeterministic else ''}", flush=True)
     ray.init(address="local", include_dashboard=False, logging_level="ERROR")
     rows = []
     try:
