@@ -431,3 +431,4 @@ def test_a_target_without_every_seed_is_shown_as_it_is_and_the_avg_only_over_who
     assert record["Avg"] == pytest.approx(avg0)
     cells, record = without({"0", "1"})
     assert cells[1:] == ["—", "—", "—"] and record["M45"] is None and record["Avg"] is None
+    assert pages.value([record], "fedbn", "Avg", "a page") == "—"  # as a page cites it

@@ -42,6 +42,7 @@ import yaml
 from raydg.errors import RaydgError
 from raydg.reporting.report import report
 from raydg.reporting.rows import StoredRuns
+from raydg.results import MISSING as EMPTY_CELL
 
 BLOCK = re.compile(r"^```(?P<kind>report|diagnostic)\n(?P<body>.*?)^```\n",
                    re.MULTILINE | re.DOTALL)
@@ -140,4 +141,6 @@ def value(records: list[dict[str, Any]], method: str, column: str, where: str) -
     found = rows[0][column]
     if isinstance(found, str):
         return found
+    if found is None:  # a cell without a run
+        return EMPTY_CELL
     return f"{found:.4g}" if metric and rnd.isdigit() else f"{found:.2f}"
