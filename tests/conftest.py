@@ -103,6 +103,26 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def report_store(tmp_path_factory) -> str:
+    """The runs of :func:`tests.report_runs.write_runs` in a store, written once for the session
+    (test_report.py and test_report_rows.py read it, never write): on the Ray of the module that
+    first asks, else on one of its own."""
+    from tests.report_runs import write_runs
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('report-store')}/mlflow.db"
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False)
+    try:
+        write_runs(uri)
+    finally:
+        if started:
+            ray.shutdown()
+    return uri
+
+
 def stopped_and_restored(cfg: RunConfig, data, after_round: int, folder):
     """The federation run whole, and run again but stopped after ``after_round``'s evaluation
     with a checkpoint in ``folder`` and restored from it: (whole, restored, the checkpoint)."""
