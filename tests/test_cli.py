@@ -262,8 +262,8 @@ def test_doctor_prints_the_node_and_refuses_missing_gpus_before_its_round():
 
 def test_doctor_names_a_source_tree_that_is_not_installed(monkeypatch):
     """Run from a source tree on PYTHONPATH (no installed distribution, as on the GPU machine
-    and in a Ray job's working_dir), doctor and the MLflow tag say so instead of failing on the
-    lookup."""
+    and in a Ray job's working_dir), raydg's version (doctor's, ``--version``'s and the MLflow
+    tag's) says so instead of failing on the lookup."""
     from importlib.metadata import PackageNotFoundError
 
     import raydg
@@ -283,7 +283,9 @@ def test_doctor_names_a_source_tree_that_is_not_installed(monkeypatch):
 def test_version_is_answered_from_a_source_tree_that_is_not_installed():
     """``raydg --version`` where no distribution of raydg is installed (its lookup made to find
     none, in a process of its own): the declared version and the source folder, exit 0."""
-    hide = ("import importlib.metadata as m, sys\n"
+    import raydg
+
+    hide = ("import importlib.metadata as m\n"
             "found = m.version\n"
             "def version(name):\n"
             "    if name == 'raydg':\n"
@@ -294,8 +296,6 @@ def test_version_is_answered_from_a_source_tree_that_is_not_installed():
             "cli(['--version'])\n")
     done = subprocess.run([sys.executable, "-c", hide], capture_output=True, text=True,
                           timeout=60)
-    import raydg
-
     assert done.returncode == 0, done.stderr
     assert done.stdout == (f"raydg, version {raydg.__version__} (not installed: source in "
                            f"{Path(raydg.__file__).parent})\n")
