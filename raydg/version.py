@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 __version__ = "0.1.0"  # as in pyproject.toml
@@ -10,7 +9,10 @@ __version__ = "0.1.0"  # as in pyproject.toml
 
 def installed_version() -> str:
     """raydg's installed version; from a source tree on ``PYTHONPATH`` (a Ray job's
-    ``working_dir``, a machine where it is not installed) its ``__version__`` and where it is."""
+    ``working_dir``, a machine where it is not installed) its ``__version__`` and where it is.
+    ``importlib.metadata`` is imported here, not by ``import raydg``."""
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version("raydg")
     except PackageNotFoundError:

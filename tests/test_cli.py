@@ -264,15 +264,14 @@ def test_doctor_names_a_source_tree_that_is_not_installed(monkeypatch):
     """Run from a source tree on PYTHONPATH (no installed distribution, as on the GPU machine
     and in a Ray job's working_dir), raydg's version (doctor's, ``--version``'s and the MLflow
     tag's) says so instead of failing on the lookup."""
-    from importlib.metadata import PackageNotFoundError
+    import importlib.metadata
 
     import raydg
-    from raydg import version
 
     def missing(name: str) -> str:
-        raise PackageNotFoundError(name)
+        raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(version, "version", missing)
+    monkeypatch.setattr(importlib.metadata, "version", missing)
     source = Path(raydg.__file__).parent
     assert raydg.installed_version() == (f"{raydg.__version__} (not installed: source in "
                                          f"{source})")

@@ -45,8 +45,16 @@ class Cli(click.Group):
             ctx.exit(143 if TERMINATED.is_set() else 130)
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """``--version``: raydg's version, looked up only when asked (not at every start)."""
+    if value and not ctx.resilient_parsing:
+        click.echo(f"raydg, version {installed_version()}")
+        ctx.exit()
+
+
 @click.group(cls=Cli, context_settings=CONTEXT)
-@click.version_option(installed_version(), prog_name="raydg")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True,
+              callback=_print_version, help="Show the version and exit.")
 def cli() -> None:
     """raydg: parallel simulation of federated domain generalization on Ray."""
 
