@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from ray import tune
 
 from raydg import checkpoint
 from raydg.datasets import load_dataset
@@ -20,6 +25,7 @@ from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.partition import ClientData
 from raydg.results import timing_free
+from raydg.trials.storage import verify_checkpoints
 from tests.conftest import stopped_and_restored, tiny_config
 
 CONFIG = {"dataset": "digits-style", "rounds": 3, "actors": 2, "storage": "/a"}
@@ -160,3 +166,38 @@ def test_a_federation_that_fails_to_start_leaves_no_actor_behind():
     hosts = [p for p in psutil.Process().children(recursive=True) if client_host(p)]
     _, alive = psutil.wait_procs(hosts, timeout=30)
     assert alive == []
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_resume_check_is_silent_about_trials_that_never_started(tmp_path):
+    """A Tune experiment interrupted while a trial waited for resources (as the Rotated MNIST
+    experiments were at every stop): its state names a pending trial without metric files,
+    which ``tune.ExperimentAnalysis`` reports as a warning; raydg's check before a resume
+    reads trial states only and logs nothing."""
+    def report_then_interrupt(config):
+        tune.report({"i": config["i"]})
+        os.kill(config["driver"], signal.SIGUSR1)  # Tune's own "stop and save" signal
+        threading.Event().wait()  # until Tune ends this trial
+
+    tune.Tuner(tune.with_resources(report_then_interrupt, {"cpu": 2}),  # one at a time
+               param_space={"i": tune.grid_search([0, 1]), "driver": os.getpid()},
+               run_config=tune.RunConfig(name="stopped", storage_path=str(tmp_path),
+                                         verbose=0)).fit()
+    directory = str(tmp_path / "stopped")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    tune_logger = logging.getLogger("ray.tune")
+    level = tune_logger.level  # the session's logging_level="ERROR" would hide the warning
+    tune_logger.addHandler(handler)
+    tune_logger.setLevel(logging.WARNING)
+    try:
+        statuses = sorted(t.status for t in tune.ExperimentAnalysis(directory).trials)
+        assert statuses == ["PENDING", "PENDING"]  # the running one, too, to start again
+        assert any(r.getMessage().startswith("Failed to fetch metrics") for r in records)
+        records.clear()
+        verify_checkpoints(directory, [])
+    finally:
+        tune_logger.removeHandler(handler)
+        tune_logger.setLevel(level)
+    assert [r.getMessage() for r in records] == []
