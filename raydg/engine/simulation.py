@@ -114,7 +114,7 @@ class Simulation:
         self.history: list[dict[str, float]] = []  # rounds whose evaluation has finished
         self._sampler = seeding.numpy_rng(self.config.seed, seeding.SAMPLING)
         # the last aggregated round, its evaluation under way: (row, futures, start, state)
-        self._pending: tuple[dict[str, float], Any, float, st.State] | None = None
+        self._pending: tuple[dict[str, float], Any, float | None, st.State] | None = None
         self._selected: st.State | None = None  # the global model of the best round so far
         self._restored_row: dict[str, float] | None = None
         self._restored_validators: list[int] = []
@@ -257,8 +257,9 @@ class Simulation:
         """All rounds (after a restore, the rest). Round r's evaluation runs while round r+1
         trains (each actor runs its tasks in submission order, so round r validates every
         client where it was hosted then); ``round_seconds`` is the time from one round's start
-        to the next's. ``on_round(row)`` is called as each round's evaluation finishes, when
-        the next round is aggregated: the moment a :meth:`snapshot` may be taken."""
+        to the next's (none for a restored round). ``on_round(row)`` is called as each round's
+        evaluation finishes, when the next round is aggregated: the moment a :meth:`snapshot`
+        may be taken."""
         finished = False
         try:
             self._record_placement()
@@ -268,7 +269,7 @@ class Simulation:
             if self._restored_row is not None:  # the restored round's evaluation, again
                 self._pending = (self._restored_row,
                                  self._start_evaluation(global_ref, self._restored_validators),
-                                 time.perf_counter(), self.global_state)
+                                 None, self.global_state)
             for rnd in range(self.round + 1, self.config.rounds + 1):
                 start, previous = time.perf_counter(), self._pending
                 global_ref = self._round(rnd, global_ref, start)
@@ -310,15 +311,17 @@ class Simulation:
                          start, self.global_state)
         return global_ref
 
-    def _finish(self, row: dict[str, float], futures: Any, start: float, state: st.State,
-                on_round: Callable[[dict[str, float]], None] | None,
+    def _finish(self, row: dict[str, float], futures: Any, start: float | None,
+                state: st.State, on_round: Callable[[dict[str, float]], None] | None,
                 end: float | None = None) -> None:
         """Complete a round's row with its evaluation, select it if its source validation is
-        the best so far (the first such round), and hand it to ``on_round``."""
+        the best so far (the first such round), and hand it to ``on_round``. A restored round
+        (``start`` None: it started in the process that was stopped) has no ``round_seconds``."""
         waiting = time.perf_counter()
         row.update(self._finish_evaluation(futures))
         row["time/wait"] = time.perf_counter() - waiting
-        row["round_seconds"] = (end or time.perf_counter()) - start
+        if start is not None:
+            row["round_seconds"] = (end or time.perf_counter()) - start
         if "val_acc" in row and row["val_acc"] > max(
                 (r["val_acc"] for r in self.history if "val_acc" in r), default=-1.0):
             self._selected = state

@@ -75,25 +75,35 @@ class Progress:
         self.width = max(self.width, len(running))
         return work / max(1, self.width)
 
+    def _status(self, rounds: list[float]) -> str:
+        """Federations done and running, and the time left from the mean of ``rounds`` (the
+        seconds of steady rounds; none known yet: no estimate)."""
+        finished = sum(self.done[k] >= r for k, r in self.rounds.items())
+        status = (f"raydg: {finished} of {len(self.rounds)} federations done, "
+                  f"{len(self.running())} running")
+        if not rounds:
+            return status
+        left = self.left(float(np.mean(rounds)))
+        return (f"{status}; about {int(left // 3600)}:{int(left % 3600 // 60):02d}:"
+                f"{int(left % 60):02d} left in all")
+
     def __call__(self, fed: Federation, row: dict[str, float]) -> None:
         key = fed.key
         self.done[key] += 1
         self.reported += 1
+        seconds = row.get("round_seconds")  # none: a restored round, timed before the stop
         if self.done[key] == 1:
             now = time.perf_counter()
             self.startup.append(now - self.started.get(key, now))
-        else:
-            self.steady.append(row["round_seconds"])
-        left = self.left(float(np.mean(self.steady or [row["round_seconds"]])))
-        finished = sum(self.done[k] >= r for k, r in self.rounds.items())
-        self.status = (f"raydg: {finished} of {len(self.rounds)} federations done, "
-                       f"{len(self.running())} running; about {int(left // 3600)}:"
-                       f"{int(left % 3600 // 60):02d}:{int(left % 60):02d} left in all")
+        elif seconds is not None:
+            self.steady.append(seconds)
+        self.status = self._status(self.steady or ([seconds] if seconds is not None else []))
         val = f"{100 * row['val_acc']:.1f}%" if "val_acc" in row else "-"  # not validated
         local = f" (local {100 * row['val_acc_local']:.1f}%)" if "val_acc_local" in row else ""
         line = (f"[{fed.title()}] round {int(row['round'])}/{self.rounds[key]} "
                 f"loss {row['train_loss']:.3f} val {val}{local} "
-                f"target {100 * row['target_acc']:.1f}% {row['round_seconds']:.1f}s")
+                f"target {100 * row['target_acc']:.1f}% "
+                + (f"{seconds:.1f}s" if seconds is not None else "restored"))
         ended = self.done[key] >= self.rounds[key]
         if self.mode == "lines":
             self.out(line)
