@@ -192,24 +192,26 @@ def test_progress_estimates_the_work_left_over_the_running_federations(monkeypat
     assert all(len(line) <= 80 for line in lines)
 
 
-def test_progress_after_a_resume_has_no_time_for_the_restored_round():
-    """The round that a resumed federation evaluates again started before the stop: no seconds
-    on its line and none in the estimate (it said "about 0:00:00 left" after each resume of
-    the Rotated MNIST experiments)."""
+def test_progress_after_a_resume_counts_only_the_work_left():
+    """After a resume: the round that a federation evaluates again started before the stop (no
+    seconds on its line, none in the estimate: it said "about 0:00:00 left"), and federations
+    that ended before the stop are no work left (they were counted as not started: "about
+    12:55:01 left" for about 6 hours of the Rotated MNIST CSAC experiment)."""
     from raydg.trials.progress import Progress
 
     plan = plan_experiment(RunConfig(dataset="digits-style", rounds=4, seeds=[0]))
-    a = plan.federations[0]
+    a, b, c, _ = plan.federations
     lines: list[str] = []
-    progress = Progress(plan.federations, lines.append, done={a.key: 2}, status_every=1)
+    progress = Progress(plan.federations, lines.append, done={a.key: 2, b.key: 4, c.key: 1},
+                        status_every=1)  # b ended before the stop, c stopped after round 1
     progress.start(a.key)
     row = {"round": 3, "train_loss": 1.0, "val_acc": 0.5, "target_acc": 0.25}
     progress(a, row)
     assert lines[-2] == f"[{a.title()}] round 3/4 loss 1.000 val 50.0% target 25.0% restored"
-    assert lines[-1] == "raydg: 0 of 4 federations done, 1 running"
+    assert lines[-1] == "raydg: 1 of 4 federations done, 1 running"
     progress(a, {**row, "round": 4, "round_seconds": 2.0})
-    # 3 federations pending, start-up unknown (resumed: a steady round) + 3 rounds: 3 x 8 s
-    assert lines[-1] == "raydg: 1 of 4 federations done, 0 running; about 0:00:24 left in all"
+    # start-up unknown (resumed: a steady round, 2 s); c: 2 + 2 rounds x 2, the 4th: 2 + 3 x 2
+    assert lines[-1] == "raydg: 2 of 4 federations done, 0 running; about 0:00:14 left in all"
 
 
 def test_an_experiment_saved_before_the_trials_package_finds_its_collector():

@@ -22,9 +22,10 @@ class Progress:
     embedded datasets' domain names.
 
     The time left is the work left over the federations running: each running federation's
-    rounds left at the mean steady round time (rounds after the first), and each federation not
-    started yet at the mean start-up (trial start to first round, actors and round 1 included)
-    plus its other rounds, shared by as many federations as have run at once so far."""
+    rounds left at the mean steady round time (rounds after the first), and each unfinished
+    federation not started yet (resumed: not finished before) at the mean start-up (trial start
+    to first round, actors and round 1 included) plus its other rounds left, shared by as many
+    federations as have run at once so far."""
 
     def __init__(self, feds: list[Federation], out: Callable[[str], None],
                  mode: str = "lines", done: dict[str, int] | None = None,
@@ -68,10 +69,11 @@ class Progress:
     def left(self, steady: float) -> float:
         """Seconds until every federation is done (see the class)."""
         running = self.running()
-        pending = [k for k in self.rounds if k not in self.started]
+        pending = [k for k in self.rounds  # resumed: some ended before
+                   if k not in self.started and self.done[k] < self.rounds[k]]
         startup = float(np.mean(self.startup)) if self.startup else steady  # none yet: resumed
         work = sum((self.rounds[k] - self.done[k]) * steady for k in running) + sum(
-            startup + (self.rounds[k] - 1) * steady for k in pending)
+            startup + (self.rounds[k] - self.done[k] - 1) * steady for k in pending)
         self.width = max(self.width, len(running))
         return work / max(1, self.width)
 
