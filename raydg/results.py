@@ -167,6 +167,17 @@ def first_seen(values: Sequence[Any]) -> list[Any]:
     return list(dict.fromkeys(values))
 
 
+def whole_seeds(rows: Sequence[dict[str, Any]], value: str, targets: Sequence[str]
+                ) -> dict[int, dict[str, float]]:
+    """Per seed, ``value`` of its row on each target, for the seeds that ran every one of
+    ``targets``: a table's average is over those only (one over fewer targets is not the
+    table's)."""
+    by_seed: dict[int, dict[str, float]] = {}
+    for r in rows:
+        by_seed.setdefault(r["seed"], {})[r["target"]] = r[value]
+    return {s: v for s, v in by_seed.items() if set(targets) <= v.keys()}
+
+
 def summary_rows(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[str, Any]]:
     """The papers' table: per (method, setting, mode, selection), mean and std over seeds per
     target (NaN where it has no run); ``Avg`` averages the targets within each seed that has
@@ -185,8 +196,8 @@ def summary_rows(rows: list[dict[str, Any]], targets: list[str]) -> list[dict[st
         seeds = sorted({r["seed"] for r in mine})
         for t in targets:
             _stat(row, t, [r["accuracy"] for r in mine if r["target"] == t])
-        _stat(row, "Avg", [np.mean([r["accuracy"] for r in mine if r["seed"] == s]) for s in seeds
-                           if set(targets) <= {r["target"] for r in mine if r["seed"] == s}])
+        _stat(row, "Avg", [np.mean(list(v.values()))
+                           for v in whole_seeds(mine, "accuracy", targets).values()])
         row["seeds"] = len(seeds)
         row["steps"] = float(np.mean([r["steps"] for r in mine]))
         out.append(row)
@@ -314,17 +325,11 @@ def seed_differences(rows: list[dict[str, Any]], method: str, baseline: str) -> 
     """``method`` against ``baseline`` on the same seeds (same partitions and initial model):
     per seed, the difference of their accuracies averaged over the targets. Only seeds that
     both have on every target of ``rows`` count."""
-    def by_seed(name: str) -> dict[int, dict[str, float]]:
-        out: dict[int, dict[str, float]] = {}
-        for r in rows:
-            if r["method"] == name:
-                out.setdefault(r["seed"], {})[r["target"]] = r["accuracy"]
-        return out
-
-    a, b = by_seed(method), by_seed(baseline)
-    targets = {r["target"] for r in rows}
-    seeds = sorted(s for s in set(a) & set(b) if a[s].keys() == b[s].keys() == targets)
-    return np.array([np.mean([a[s][t] - b[s][t] for t in a[s]]) for s in seeds])
+    targets = first_seen(r["target"] for r in rows)
+    a, b = (whole_seeds([r for r in rows if r["method"] == name], "accuracy", targets)
+            for name in (method, baseline))
+    return np.array([np.mean([a[s][t] - b[s][t] for t in a[s]])
+                     for s in sorted(set(a) & set(b))])
 
 
 def paired_difference(rows: list[dict[str, Any]], method: str,

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from raydg.errors import RaydgError
-from raydg.results import mean_std
+from raydg.results import mean_std, whole_seeds
 
 SELECTIONS = ("oracle", "selected", "last")
 COMPOSED = ("method", "augment", "aggregation")  # the params that name a row's method
@@ -146,10 +146,8 @@ def cells(rows: list[dict[str, Any]], method: str, targets: Sequence[str], selec
         acc = [r[selection] for r in mine if r["target"] == t]
         if acc:
             out[t] = _mean_std(acc)
-    by_seed: dict[int, dict[str, float]] = {}
-    for r in mine:
-        by_seed.setdefault(r["seed"], {})[r["target"]] = r[selection]
-    avg = [np.mean([s[t] for t in targets]) for s in by_seed.values() if set(targets) <= set(s)]
+    avg = [np.mean([s[t] for t in targets])
+           for s in whole_seeds(mine, selection, targets).values()]
     if avg:
         out["Avg"] = _mean_std(avg)
     return out
