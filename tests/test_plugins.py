@@ -4,6 +4,8 @@ example method on a two-node cluster whose worker node cannot import it by itsel
 
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -215,3 +217,37 @@ def test_the_example_folder_dataset_holds_the_digits_it_was_made_from(tmp_path, 
             source = b.x[b.y == label][:3, 0]
             assert len(made) == 3 and all((made[:, c] == source).all() for c in range(3))
     assert np.bincount(png.domains[0].y).tolist() == [3] * len(digits.classes)
+
+
+FAILING = """
+from raydg.methods import Method, register
+
+@register()
+class Failing(Method):
+    name = "failing"
+
+    def train_step(self, ctx, x, y):
+        raise ValueError("this method always fails")
+"""
+
+
+def test_a_method_that_fails_shows_its_traceback_once_and_no_ray_log(tmp_path):
+    """A plugin method whose training raises (a researcher's bug): exit 1, the traceback that
+    reaches the failing line once, raydg's lines naming the federation and the error, and
+    not Tune's "Trials did not complete" in Ray's log format (it was all three: the remote
+    traceback twice, 144 lines in all)."""
+    (tmp_path / "failing.py").write_text(FAILING)
+    done = subprocess.run(
+        [sys.executable, "-m", "raydg", "run", "digits-style", "--plugin",
+         str(tmp_path / "failing.py"), "--method", "failing", "--target", "sketch", "--rounds",
+         "2", "--set", "max_failures=0", "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db",
+         "--storage", str(tmp_path / "results")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.count('raise ValueError("this method always fails")') == 1
+    assert done.stderr.rstrip().splitlines()[-1] == (
+        "RuntimeError: a federation failed: ValueError: this method always fails")
+    assert ("[sketch seed=0] failed (ValueError: this method always fails); no restart left: "
+            "the experiment stops") in done.stdout.splitlines()
+    assert not re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(INFO|WARNING|ERROR)",
+                         done.stdout + done.stderr, re.MULTILINE)

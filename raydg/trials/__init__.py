@@ -12,5 +12,6 @@ actor, so a trial starts only when all of its resources are free.
 the process that calls ``Tuner.fit``, is the one writer to MLflow, prints the console's
 progress (:mod:`~raydg.trials.progress`) and loads each finished federation's result;
 :mod:`~raydg.trials.storage` names the experiment's folder, writes its manifest and checks its
-checkpoints before a resume.
+checkpoints before a resume; :mod:`~raydg.trials.logs` keeps the log lines of Tune's that
+raydg says itself out of its output.
 """

@@ -99,7 +99,10 @@ class Collector(tune.Callback):
         self.results[key] = result
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self.tracker.end_child(self._fed(trial).key, "FAILED")
+        fed = self._fed(trial)
+        self.progress.say(f"[{fed.title()}] failed ({_last_line(trial.error_file)}); no restart "
+                          "left: the experiment stops", important=True)
+        self.tracker.end_child(fed.key, "FAILED")
         self.failed = True
 
 

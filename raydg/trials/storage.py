@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
-import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +16,7 @@ from ray import tune
 from raydg import checkpoint
 from raydg.errors import RaydgError
 from raydg.plan import Federation, Plan
+from raydg.trials import logs
 from raydg.trials.trial import FEDERATION
 
 
@@ -97,7 +95,9 @@ def verify_checkpoints(directory: str, feds: list[Federation]) -> None:
         raise RaydgError(f"{directory} holds no Tune experiment state (experiment_state-*.json):"
                          " the experiment stopped before its federations started; run it again")
     configs = {f.key: dataclasses.asdict(f.config) for f in feds}
-    with _without_metrics_warning():
+    # raydg reads the trials' states only; ExperimentAnalysis also reads their metric files,
+    # which a trial that never started (pending at the stop) has not: a warning for each
+    with logs.without("ray.tune.analysis.experiment_analysis", "Failed to fetch metrics"):
         trials = ExperimentAnalysis(directory).trials
     for trial in trials:
         manager = trial.run_metadata.checkpoint_manager
@@ -119,24 +119,6 @@ def verify_checkpoints(directory: str, feds: list[Federation]) -> None:
                     checkpoint.check(Path(local), configs[trial.config[FEDERATION]["key"]])
             except RaydgError as err:
                 raise RaydgError(str(err).replace(local, point.path)) from None
-
-
-class _MetricsWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Failed to fetch metrics")
-
-
-@contextlib.contextmanager
-def _without_metrics_warning() -> Iterator[None]:
-    """Silence ``ExperimentAnalysis``'s warning about the trials whose metric files it cannot
-    read: raydg reads their states only, and a trial that never started (pending when the
-    experiment stopped) has no such files: every resume listed each as a FileNotFoundError."""
-    logger, quiet = logging.getLogger("ray.tune.analysis.experiment_analysis"), _MetricsWarning()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
 
 
 def _exists(point: tune.Checkpoint) -> bool:

@@ -15,6 +15,7 @@ from raydg.errors import RaydgError
 from raydg.plan import Federation, Plan
 from raydg.results import FederationResult
 from raydg.tracking.tracker import Tracker
+from raydg.trials import logs
 from raydg.trials.callbacks import ACTIVE, Collector, StopOnError
 from raydg.trials.resources import trial_resources
 from raydg.trials.trial import FEDERATION, federation
@@ -67,7 +68,9 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
         tuner = _tuner(plan, feds, trainable, directory, collector)
         collector.progress.say(f"raydg: {len(feds)} federations as Tune trials, results in "
                                f"{directory}")
-    return _results(tuner.fit(), collector, feds, directory)
+    with logs.without("ray.tune.tune", "Trials did not complete"):  # raydg says which, why
+        grid = tuner.fit()
+    return _results(grid, collector, feds, directory)
 
 
 def _tuner(plan: Plan, feds: list[Federation], trainable: Any, directory: str,
@@ -98,7 +101,10 @@ def _results(grid: tune.ResultGrid, collector: Collector, feds: list[Federation]
             cause = _root_cause(result.error)
             if isinstance(cause, RaydgError):
                 raise RaydgError(str(cause))
-            raise RuntimeError(f"a federation failed: {result.error}") from result.error
+            # the traceback (Ray's text of the trial's, and a client actor's) once, as the cause;
+            # the progress line "[target seed=s] failed (...)" named the federation
+            raise RuntimeError(f"a federation failed: {type(cause).__name__}: {cause}"
+                               ) from result.error
         if result.checkpoint is not None:  # a trial stopped before it reported has no config
             collector.collect(result.config[FEDERATION]["key"], result.checkpoint)
     missing = [f.key for f in feds if f.key not in collector.results]
