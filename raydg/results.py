@@ -241,11 +241,17 @@ def format_summary(summary: list[dict[str, Any]], targets: list[str], seeds: int
     return "\n\n".join(blocks)
 
 
-def cell(mean: float, std: float, seeds: int) -> str:
-    """``mean ± std`` over ``seeds`` (the mean alone for one; ``—`` for none)."""
+def cell(mean: float, std: float, seeds: int, row_seeds: int = 0) -> str:
+    """``mean ± std`` over ``seeds`` (the mean alone for one; ``—`` for none), followed by
+    ``(seeds)`` where its row has more (``row_seeds``): a cell over fewer runs than its row
+    says so (:data:`FEWER_SEEDS`)."""
     if np.isnan(mean):
         return MISSING
-    return f"{mean:.2f} ± {std:.2f}" if seeds > 1 else f"{mean:.2f}"
+    text = f"{mean:.2f} ± {std:.2f}" if seeds > 1 else f"{mean:.2f}"
+    return text + (f" ({seeds})" if seeds < row_seeds else "")
+
+
+FEWER_SEEDS = "(n): a cell over n seeds, fewer than its row's"
 
 
 def text_table(title: str, header: list[str], rows: list[list[str]]) -> str:

@@ -131,15 +131,16 @@ def test_rows_with_fewer_seeds_say_so(store, tmp_path):
 def test_a_domain_without_every_seed_is_shown_as_it_is_and_avg_only_over_whole_seeds(
         store, tmp_path, seeds):
     """fedbn's M45 runs of ``seeds`` left out. Seed 1: its M45 cell is seed 0's accuracy alone
-    (no ± 0.00), its Avg and its difference to FedAvg those of seed 0, which has both domains.
-    Both: M45, Avg and the difference are empty (—; null in JSON, — where a page cites it):
-    never an average over fewer domains than the table's."""
+    (no ± 0.00), its Avg and its difference to FedAvg those of seed 0, which has both domains,
+    each marked as over 1 seed of the row's 2 (the heading says what the mark means). Both:
+    M45, Avg and the difference are empty (—; null in JSON, — where a page cites it): never an
+    average over fewer domains than the table's."""
     def drop(tags: dict[str, str]) -> bool:
         return (tags.get("raydg.method"), tags.get("raydg.target")) == ("fedbn", "M45") \
             and tags.get("raydg.seed") in seeds
 
-    line = next(ln for ln in _report_without(store, tmp_path, drop, "--versus", "fedavg")
-                .splitlines() if ln.startswith("fedbn "))
+    lines = _report_without(store, tmp_path, drop, "--versus", "fedavg").splitlines()
+    line = next(ln for ln in lines if ln.startswith("fedbn "))
     cells = [c.strip() for c in line.split("  ") if c.strip()][1:]
     record = next(r for r in json.loads(_report_without(store, tmp_path, drop, "--format",
                                                         "json")) if r["method"] == "fedbn")
@@ -152,6 +153,8 @@ def test_a_domain_without_every_seed_is_shown_as_it_is_and_avg_only_over_whole_s
         return
     avg0 = np.mean([acc["fedbn", "M0", 0], acc["fedbn", "M45", 0]])
     versus0 = avg0 - np.mean([acc["fedavg", "M0", 0], acc["fedavg", "M45", 0]])
-    assert cells[1:] == [f"{acc['fedbn', 'M45', 0]:.2f}", f"{avg0:.2f}",
+    assert cells[1:] == [f"{acc['fedbn', 'M45', 0]:.2f} (1)", f"{avg0:.2f} (1)",
                          f"{versus0:+.2f} (1 seed)"]
+    assert lines[0].endswith("2 seed(s); (n): a cell over n seeds, fewer than its row's")
     assert record["Avg"] == pytest.approx(avg0)
+    assert (record["M0_seeds"], record["M45_seeds"], record["Avg_seeds"]) == (2, 1, 1)

@@ -36,6 +36,7 @@ from raydg.reporting.runs import (
     tables,
 )
 from raydg.results import (
+    FEWER_SEEDS,
     MISSING,
     SELECTIONS,
     cell,
@@ -154,18 +155,20 @@ def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, d
         added = [*(["Seeds"] if len(counts) > 1 else []),
                  *sorted({k for r in t.rows for k in extra.get(r["method"], {})})]
         published = paper_rows(paper, t.targets) if paper else {}
-        body = []
+        body, fewer = [], False
         for r in t.rows:
             more = extra.get(r["method"], {})
             shown = {"Seeds": str(r["seeds"]), **more}
-            body.append([r["method"], *(cell(r[c], r[c + "_std"], r[c + "_seeds"])
+            body.append([r["method"], *(cell(r[c], r[c + "_std"], r[c + "_seeds"], r["seeds"])
                                         for c in cols),
                          *(shown.get(k, "") for k in added)])
+            fewer |= any(0 < r[c + "_seeds"] < r["seeds"] for c in cols)
             records.append({"table": i, **{k: t.settings.get(k, UNSET)
                                            for k in differing(tabs)},
                             "method": r["method"], "seeds": r["seeds"],
                             **{c: _number(r[c]) for c in cols},
-                            **{f"{c}_std": _number(r[c + "_std"]) for c in cols}, **more})
+                            **{f"{c}_std": _number(r[c + "_std"]) for c in cols},
+                            **{f"{c}_seeds": r[c + "_seeds"] for c in cols}, **more})
             if r["method"] in published:
                 paper_row = published[r["method"]]
                 records[-1].update({f"paper_{c}": v for c, v in paper_row.items()})
@@ -178,7 +181,7 @@ def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, d
                     *[""] * len(added)])
         seeds = f"{counts[0]} seed(s)" if len(counts) == 1 else (
             f"{counts[0]}-{counts[-1]} seeds (Seeds: per row)")
-        heading = f"{title}, {seeds}" + setting_note(t, tabs)
+        heading = f"{title}, {seeds}" + f"; {FEWER_SEEDS}" * fewer + setting_note(t, tabs)
         blocks.append((heading, ["Method", *cols, *added], body))
     return _format(blocks + rounds[0], records + rounds[1], fmt)
 
