@@ -1,4 +1,5 @@
-"""raydg from Python: what ``raydg run`` and ``raydg report`` do, with their results as tables.
+"""raydg from Python: what ``raydg run``, ``resume`` and ``report`` do, with their results as
+tables.
 
     import raydg
 
@@ -6,11 +7,11 @@
     print(fedavg.summary.to_pandas())             # the printed table, as numbers
     rows = raydg.read_report(experiment="digits-style")  # the finished runs in the store
 
-This module's names (``run``, ``read_report``, ``Results``, re-exported by ``raydg``) are
-the stable surface; the command line is a thin layer over the same functions. A Ray that
-``run`` starts is stopped before it returns or raises (Ctrl-C included: the experiment
-stops, its runs end ``KILLED`` with their checkpoints, and :class:`raydg.Interrupted`'s
-``experiment_dir`` is the folder that ``raydg resume`` continues).
+This module's names (``run``, ``resume``, ``read_report``, ``Results``, re-exported by
+``raydg``) are the stable surface; the command line is a thin layer over the same functions.
+A Ray that ``run`` (or ``resume``) starts is stopped before it returns or raises (Ctrl-C
+included: the experiment stops, its runs end ``KILLED`` with their checkpoints, and
+:class:`raydg.Interrupted`'s ``experiment_dir`` is the folder that ``resume`` continues).
 """
 
 from __future__ import annotations
@@ -65,7 +66,26 @@ def run(dataset: str | None = None, *, config: str | Path | RunConfig | None = N
         settings = {"dataset": dataset, **settings}
     cfg = apply(cfg, settings)
     search = _search(found, search)
-    result = run_experiment(cfg, search, out=out or _warnings, progress=progress)
+    return _results(run_experiment(cfg, search, out=out or _warnings, progress=progress))
+
+
+def resume(target: str | Path, *, tracking_uri: str | None = None,
+           out: Callable[[str], None] | None = None, progress: str = "none") -> Results:
+    """Continue an interrupted experiment, as ``raydg resume``: ``target`` is its folder
+    (:class:`raydg.Interrupted`'s ``experiment_dir``) or its MLflow parent run id;
+    ``tracking_uri``: the store where that run id is, and where the experiment's runs are now
+    if the store has moved. Finished federations are kept, the others continue from their last
+    checkpoints, into the same MLflow run; the results are the whole experiment's. ``out`` and
+    ``progress`` as for :func:`run`."""
+    from raydg.experiment import resume_target, run_experiment
+
+    folder = resume_target(str(target), tracking_uri)
+    return _results(run_experiment(RunConfig(tracking_uri=tracking_uri), out=out or _warnings,
+                                   progress=progress, resume=folder))
+
+
+def _results(result: Any) -> Results:
+    """The :class:`Results` of a :class:`raydg.experiment.ExperimentResult`."""
     return Results(result.run_id, result.config.tracking_uri, result.config,
                    _table(rows(result.runs)), _table(result.summary), result.printed)
 

@@ -1,9 +1,11 @@
 """The Python API: the README's example (two methods, their paired difference from the returned
 tables, the same as ``raydg report --versus``), the tables against the printed ones, a report
-read from the store, and Ctrl-C in a script: the experiment stops and no Ray process is left."""
+read from the store, and Ctrl-C in a script: the experiment stops, no Ray process is left, and
+``raydg.resume`` finishes it."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -61,17 +63,23 @@ def test_results_tables_hold_the_printed_numbers(ray_session):
 SCRIPT = """
 import raydg, sys
 try:
-    raydg.run("digits-style", target="sketch", rounds=200, local_steps=20, clients=3,
+    raydg.run("digits-style", target="sketch", rounds=30, local_steps=20, clients=3,
               tracking_uri=sys.argv[1], storage=sys.argv[2], progress="lines", out=print)
 except raydg.Interrupted as stop:
     print("interrupted:", stop.experiment_dir, flush=True)
     sys.exit(130)
 """
+RESUME = """
+import json, raydg, sys
+result = raydg.resume(sys.argv[1])
+print(json.dumps({"run_id": result.run_id, "rows": result.rows.to_pylist()}))
+"""
 
 
 def test_ctrl_c_stops_the_experiment_and_leaves_no_ray_process(tmp_path):
     """A script's Ctrl-C (SIGINT to the Python process, as a notebook's interrupt) while
-    rounds run: ``raydg.Interrupted``, then no process of the Ray it started is left."""
+    rounds run: ``raydg.Interrupted``, then no process of the Ray it started is left; another
+    script's ``raydg.resume(experiment_dir)`` finishes the experiment into its MLflow run."""
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(SCRIPT))
     proc = subprocess.Popen([sys.executable, str(script), f"sqlite:///{tmp_path}/mlflow.db",
@@ -80,7 +88,7 @@ def test_ctrl_c_stops_the_experiment_and_leaves_no_ray_process(tmp_path):
     lines = []
     for line in proc.stdout:  # until the first round is done
         lines.append(line)
-        if "round 1/200" in line:
+        if "round 1/30" in line:
             break
     ray_processes = psutil.Process(proc.pid).children(recursive=True)
     assert ray_processes, "".join(lines)
@@ -94,3 +102,11 @@ def test_ctrl_c_stops_the_experiment_and_leaves_no_ray_process(tmp_path):
     assert (Path(folder) / "raydg.json").is_file()  # what `raydg resume FOLDER` continues
     _, alive = psutil.wait_procs(ray_processes, timeout=30)
     assert not alive, [(p.pid, p.name()) for p in alive]
+    script.write_text(textwrap.dedent(RESUME))
+    resumed = subprocess.run([sys.executable, str(script), folder], capture_output=True,
+                             text=True, cwd=tmp_path, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    answer = json.loads(resumed.stdout.splitlines()[-1])
+    assert answer["run_id"] == json.loads((Path(folder) / "raydg.json").read_text())["run_id"]
+    last = [r for r in answer["rows"] if r["selection"] == "last"]
+    assert [(r["target"], r["seed"], r["round"]) for r in last] == [("sketch", 0, 30)]

@@ -78,8 +78,7 @@ def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
     """Continue an interrupted experiment: TARGET is its folder (printed at its start and when
     it stops) or its MLflow parent run id. Finished federations are kept, the others continue
     from their last checkpoints, into the same MLflow run."""
-    from raydg.experiment import resume_target, run_experiment
+    from raydg import api
 
-    run_experiment(config_mod.RunConfig(tracking_uri=tracking_uri), out=click.echo,
-                   progress=_progress(quiet), resume=resume_target(target, tracking_uri))
+    api.resume(target, tracking_uri=tracking_uri, out=click.echo, progress=_progress(quiet))
 
