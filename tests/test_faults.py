@@ -383,7 +383,7 @@ def test_a_store_moved_away_and_back_logs_every_round_once(ray_session, tmp_path
             run_experiment(cfg, out=out)
         assert isinstance(stopped.value, TrackingError if back == "for-resume" else Interrupted)
         (tmp_path / "away.db").rename(db)
-        (started,) = [line for line in lines if "federations as Tune trials" in line]
+        (started,) = [line for line in lines if " as Tune trials" in line]
         run_experiment(RunConfig(), resume=started.split("results in ")[1], out=lines.append)
     said = [r.getMessage() for r in caplog.records if r.name.startswith(("raydg", "mlflow"))]
     assert [m for m in said if " failed (" in m] == [

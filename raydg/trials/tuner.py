@@ -66,8 +66,9 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
                                    resume_errored=True)
     else:
         tuner = _tuner(plan, feds, trainable, directory, collector)
-        collector.progress.say(f"raydg: {len(feds)} federations as Tune trials, results in "
-                               f"{directory}")
+        n = len(feds)
+        collector.progress.say(f"raydg: {n} federation{'s' * (n != 1)} as Tune trials, results "
+                               f"in {directory}")
     with logs.without("ray.tune.tune", "Trials did not complete"):  # raydg says which, why
         grid = tuner.fit()
     return _results(grid, collector, feds, directory)
