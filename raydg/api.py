@@ -20,12 +20,15 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from raydg.config import RunConfig, Search, apply, extend_search, load_yaml, split_search
 from raydg.errors import RaydgError
+
+if TYPE_CHECKING:
+    from raydg.experiment import ExperimentResult
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,8 @@ def resume(target: str | Path, *, tracking_uri: str | None = None,
                                    progress=progress, resume=folder))
 
 
-def _results(result: Any) -> Results:
-    """The :class:`Results` of a :class:`raydg.experiment.ExperimentResult`."""
+def _results(result: ExperimentResult) -> Results:
+    """The :class:`Results` of an experiment's result."""
     return Results(result.run_id, result.config.tracking_uri, result.config,
                    _table(rows(result.runs)), _table(result.summary), result.printed)
 
