@@ -234,8 +234,10 @@ def ablations_section(rows: list[dict[str, Any]], variants: list[tuple[str, str]
 def misses_section(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
                    goals: dict[str, Goal], seeds: int, targets: Sequence[str]) -> list[str]:
     """Every cell (and Avg) of a judged row beyond its goal at the paper's selection, beside
-    what was measured about it: the range of the paper's cited rows on that column and each
-    ablation run on that cell (its paired difference to the protocol, and its seeds)."""
+    what was measured about it: the paper's other rows that raydg ran on that column (their
+    difference to the paper: a miss that they share points at the data, one they do not at
+    the method), the range of the paper's cited rows there, and each ablation run on that
+    cell (its paired difference to the protocol, and its seeds)."""
     selection = paper["selection"]
     variants = sorted({(r["method"], r["variant"]) for r in rows if r["variant"]})
     lines = []
@@ -248,16 +250,32 @@ def misses_section(rows: list[dict[str, Any]], paper: dict[str, Any], names: dic
                      if m == method]
             lines.append(f"| {names.get(method, method)} | {c} | {published[c]:.2f} | "
                          f"{_cell(got[c])} | {got[c][0] - published[c]:+.2f} | "
+                         f"{_others(rows, paper, names, method, c, targets)} | "
                          f"{_span(paper, c)} | {'; '.join(t for t in tried if t) or 'none yet'} |")
     if not lines:
         return []
     return ["## Where the judged rows miss (at the paper's selection)", "",
-            "Each cell beyond its goal, beside what was measured about it: the range of the "
-            "rows the paper cites on that column (other implementations of the same "
-            "benchmark), and each ablation run on that cell as its paired difference to the "
-            "protocol (seeds).", "",
-            "| row | cell | paper | raydg | raydg - paper | cited rows | ablations on this "
-            "cell |", "|---|---|---|---|---|---|---|", *lines]
+            "Each cell beyond its goal, beside what was measured about it: the paper's other "
+            "rows on that column as raydg ran them, raydg - paper (seeds): a gap they share "
+            "points at the data or the protocol, one they do not at the row's method; the "
+            "range of the rows the paper cites on that column (other implementations of the "
+            "same benchmark); and each ablation run on that cell as its paired difference to "
+            "the protocol (seeds).", "",
+            "| row | cell | paper | raydg | raydg - paper | the other rows: raydg - paper | "
+            "cited rows | ablations on this cell |", "|---|---|---|---|---|---|---|---|", *lines]
+
+
+def _others(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
+            method: str, column: str, targets: Sequence[str]) -> str:
+    """The paper's other rows on one column as raydg ran them (any number of seeds, at the
+    paper's selection): raydg - paper (seeds)."""
+    found = []
+    for other, published in paper["accuracy"].items():
+        got = cells(rows, other, targets, paper["selection"]).get(column)
+        if other != method and got is not None:
+            found.append(f"{names.get(other, other)} {got[0] - published[column]:+.2f} "
+                         f"({got[2]})")
+    return "; ".join(found) or "—"
 
 
 def _span(paper: dict[str, Any], column: str) -> str:
