@@ -240,9 +240,10 @@ def misses_section(rows: list[dict[str, Any]], paper: dict[str, Any], names: dic
     cell (its paired difference to the protocol, and its seeds)."""
     selection = paper["selection"]
     variants = sorted({(r["method"], r["variant"]) for r in rows if r["variant"]})
+    measured = {m: cells(rows, m, targets, selection) for m in paper["accuracy"]}
     lines = []
     for method, published in paper["accuracy"].items():
-        got = cells(rows, method, targets, selection)
+        got = measured[method]
         if _missing(got, targets, seeds):
             continue
         for c in _beyond(got, published, targets, goals[method]):
@@ -250,7 +251,7 @@ def misses_section(rows: list[dict[str, Any]], paper: dict[str, Any], names: dic
                      if m == method]
             lines.append(f"| {names.get(method, method)} | {c} | {published[c]:.2f} | "
                          f"{_cell(got[c])} | {got[c][0] - published[c]:+.2f} | "
-                         f"{_others(rows, paper, names, method, c, targets)} | "
+                         f"{_others(measured, paper, names, method, c)} | "
                          f"{_span(paper, c)} | {'; '.join(t for t in tried if t) or 'none yet'} |")
     if not lines:
         return []
@@ -265,13 +266,13 @@ def misses_section(rows: list[dict[str, Any]], paper: dict[str, Any], names: dic
             "cited rows | ablations on this cell |", "|---|---|---|---|---|---|---|---|", *lines]
 
 
-def _others(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
-            method: str, column: str, targets: Sequence[str]) -> str:
-    """The paper's other rows on one column as raydg ran them (any number of seeds, at the
-    paper's selection): raydg - paper (seeds)."""
+def _others(measured: dict[str, dict[str, tuple[float, float, int]]], paper: dict[str, Any],
+            names: dict[str, str], method: str, column: str) -> str:
+    """The paper's other rows on one column as raydg ran them (``measured``: each row's
+    :func:`cells` at the paper's selection, any number of seeds): raydg - paper (seeds)."""
     found = []
     for other, published in paper["accuracy"].items():
-        got = cells(rows, other, targets, paper["selection"]).get(column)
+        got = measured[other].get(column)
         if other != method and got is not None:
             found.append(f"{names.get(other, other)} {got[0] - published[column]:+.2f} "
                          f"({got[2]})")
