@@ -17,9 +17,14 @@ Three steps, each a command:
    checks that the committed page is what this prints from the committed rows). The same rows
    are docs/fidelity.md's real-data regime: ``python benchmarks/fidelity.py page`` after it.
 
+``todo`` prints the ``raydg run`` commands of the paper's rows, targets and seeds that the rows
+file still lacks (one per method and target), to finish the table over several machines or
+sessions.
+
 Run:  python benchmarks/reproduce.py export --tracking-uri URI [--experiment rotmnist-csac]
           [--variant KEY=VALUE ...]
       python benchmarks/reproduce.py page [--check]
+      python benchmarks/reproduce.py todo
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from raydg.reporting.reproduction import (
     page,
     paper_numbers,
     read_rows,
+    to_run,
     write_rows,
 )
 
@@ -52,9 +58,13 @@ GOALS = {m: Goal(2.0 if m == "elcfs" else 1.0, 2.5) for m in NAMES}
 SEEDS = 5  # CSAC §4.1: "five runs with random seeds"
 
 
+def _paper() -> dict[str, object]:
+    return paper_numbers(config_mod.load_yaml(str(ROOT / CONFIG)), str(CONFIG))
+
+
 def render() -> str:
     """docs/reproduction.md from the committed rows and the paper config."""
-    paper = paper_numbers(config_mod.load_yaml(str(ROOT / CONFIG)), str(CONFIG))
+    paper = _paper()
     return page(read_rows(ROOT / ROWS), paper, NAMES, GOALS, SEEDS, str(ROWS),
                 "python benchmarks/reproduce.py page", str(CONFIG))
 
@@ -80,6 +90,16 @@ def protocol(values: dict[str, object], variant: dict[str, str]
                 and k != "method_options"}  # compared as the resolved options.* instead
 
     return expected
+
+
+def todo() -> list[str]:
+    """The ``raydg run`` commands that complete the paper's rows in the rows file."""
+    targets = [c for c in next(iter(_paper()["accuracy"].values())) if c != "Avg"]
+    seeds = config_mod.load_yaml(str(ROOT / CONFIG))["seeds"]
+    return [f"raydg run --config {CONFIG} --method {method} --target {target} "
+            + " ".join(f"--seed {s}" for s in lacking) + " --experiment rotmnist-csac"
+            for method, target, lacking in to_run(read_rows(ROOT / ROWS), list(NAMES),
+                                                   targets, seeds)]
 
 
 def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
@@ -121,7 +141,11 @@ def main() -> None:
     pg = sub.add_parser("page", help="the rows file -> docs/reproduction.md")
     pg.add_argument("--check", action="store_true",
                     help="exit 1 if the committed page differs from the regenerated one")
+    sub.add_parser("todo", help="the runs that the paper's rows still lack, as commands")
     args = parser.parse_args()
+    if args.command == "todo":
+        print("\n".join(todo()) or "the rows file holds the paper's whole design")
+        return
     if args.command == "export":
         export(args.tracking_uri, args.experiment,
                dict(v.split("=", 1) for v in args.variant))

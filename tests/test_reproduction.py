@@ -16,6 +16,7 @@ from raydg.reporting.reproduction import (
     merge,
     page,
     read_rows,
+    to_run,
     verdict,
     write_rows,
 )
@@ -104,6 +105,23 @@ def test_the_page_labels_ablations_beside_the_protocols_row():
 def test_the_committed_page_is_what_the_rows_give():
     module = load_benchmark("reproduce")
     assert (ROOT / module.PAGE).read_text() == module.render()
+
+
+def test_the_runs_still_to_do_are_the_designs_cells_without_a_protocol_row(tmp_path):
+    rows = [_row("fedavg", "M0", s, 90.0) for s in (0, 2)] + [_row("csac", "M15", 1, 90.0)]
+    rows += [{**_row("csac", t, s, 90.0), "variant": "model=cnn"} for t in TARGETS
+             for s in range(3)]  # an ablation completes nothing
+    assert to_run(rows, ["fedavg", "csac"], TARGETS, [0, 1, 2]) == [
+        ("fedavg", "M0", [1]), ("fedavg", "M15", [0, 1, 2]),
+        ("csac", "M0", [0, 1, 2]), ("csac", "M15", [0, 2])]
+    assert to_run(rows, ["fedavg"], ["M0"], [0, 2]) == []
+    module = load_benchmark("reproduce")
+    module.ROWS = tmp_path / "rows.csv"
+    write_rows(module.ROWS, [_row(m, t, s, 90.0) for m in module.NAMES for t in
+                             ("M0", "M15", "M30", "M45", "M60", "M75") for s in range(5)
+                             if (m, t, s) not in {("elcfs", "M30", 1), ("elcfs", "M30", 4)}])
+    assert module.todo() == ["raydg run --config configs/csac-rotmnist.yaml --method elcfs "
+                             "--target M30 --seed 1 --seed 4 --experiment rotmnist-csac"]
 
 
 def test_other_methods_are_pointed_to_and_a_bn_fedavg_is_an_ablation_row():

@@ -195,6 +195,16 @@ def _missing(measured: dict[str, tuple[float, float, int]], targets: Sequence[st
     return sum(max(0, seeds - measured.get(t, (0, 0, 0))[2]) for t in targets)
 
 
+def to_run(rows: list[dict[str, Any]], methods: Sequence[str], targets: Sequence[str],
+           seeds: Sequence[int]) -> list[tuple[str, str, list[int]]]:
+    """(method, target, seeds) of the paper's design (every method x target x seed, under
+    the protocol: no variant) that the rows lack, in that order."""
+    have = {(r["method"], r["target"], r["seed"]) for r in rows if not r["variant"]}
+    lacking = [(m, t, [s for s in seeds if (m, t, s) not in have])
+               for m in methods for t in targets]
+    return [(m, t, s) for m, t, s in lacking if s]
+
+
 def paired(rows: list[dict[str, Any]], method: str, variant: str, targets: Sequence[str],
            selection: str) -> tuple[dict[str, tuple[float, float, int]],
                                     dict[str, tuple[float, float, int]]]:
