@@ -58,13 +58,9 @@ GOALS = {m: Goal(2.0 if m == "elcfs" else 1.0, 2.5) for m in NAMES}
 SEEDS = 5  # CSAC §4.1: "five runs with random seeds"
 
 
-def _paper() -> dict[str, object]:
-    return paper_numbers(config_mod.load_yaml(str(ROOT / CONFIG)), str(CONFIG))
-
-
 def render() -> str:
     """docs/reproduction.md from the committed rows and the paper config."""
-    paper = _paper()
+    paper = paper_numbers(config_mod.load_yaml(str(ROOT / CONFIG)), str(CONFIG))
     return page(read_rows(ROOT / ROWS), paper, NAMES, GOALS, SEEDS, str(ROWS),
                 "python benchmarks/reproduce.py page", str(CONFIG))
 
@@ -94,8 +90,10 @@ def protocol(values: dict[str, object], variant: dict[str, str]
 
 def todo() -> list[str]:
     """The ``raydg run`` commands that complete the paper's rows in the rows file."""
-    targets = [c for c in next(iter(_paper()["accuracy"].values())) if c != "Avg"]
-    seeds = config_mod.load_yaml(str(ROOT / CONFIG))["seeds"]
+    values = config_mod.load_yaml(str(ROOT / CONFIG))
+    paper = paper_numbers(values, str(CONFIG))
+    targets = [c for c in next(iter(paper["accuracy"].values())) if c != "Avg"]
+    seeds = values["seeds"]
     return [f"raydg run --config {CONFIG} --method {method} --target {target} "
             + " ".join(f"--seed {s}" for s in lacking) + " --experiment rotmnist-csac"
             for method, target, lacking in to_run(read_rows(ROOT / ROWS), list(NAMES),
