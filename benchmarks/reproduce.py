@@ -43,6 +43,7 @@ from raydg.reporting.reproduction import (
     merge,
     page,
     paper_numbers,
+    paper_targets,
     read_rows,
     to_run,
     write_rows,
@@ -56,6 +57,7 @@ NAMES = {"deepall": "DeepAll*", "fedavg": "FedAvg*", "elcfs": "FedDG* (elcfs)", 
 # the issue's goals: every row's Avg within 1.0 point (FedDG* 2.0), every cell within 2.5
 GOALS = {m: Goal(2.0 if m == "elcfs" else 1.0, 2.5) for m in NAMES}
 SEEDS = 5  # CSAC §4.1: "five runs with random seeds"
+EXPERIMENT = "rotmnist-csac"  # the MLflow experiment the rows are run into and exported from
 
 
 def render() -> str:
@@ -91,13 +93,11 @@ def protocol(values: dict[str, object], variant: dict[str, str]
 def todo() -> list[str]:
     """The ``raydg run`` commands that complete the paper's rows in the rows file."""
     values = config_mod.load_yaml(str(ROOT / CONFIG))
-    paper = paper_numbers(values, str(CONFIG))
-    targets = [c for c in next(iter(paper["accuracy"].values())) if c != "Avg"]
-    seeds = values["seeds"]
+    targets = paper_targets(paper_numbers(values, str(CONFIG)))
     return [f"raydg run --config {CONFIG} --method {method} --target {target} "
-            + " ".join(f"--seed {s}" for s in lacking) + " --experiment rotmnist-csac"
+            + " ".join(f"--seed {s}" for s in lacking) + f" --experiment {EXPERIMENT}"
             for method, target, lacking in to_run(read_rows(ROOT / ROWS), list(NAMES),
-                                                   targets, seeds)]
+                                                   targets, values["seeds"])]
 
 
 def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
@@ -133,7 +133,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="MLflow runs -> the rows file")
     ex.add_argument("--tracking-uri", required=True)
-    ex.add_argument("--experiment", default="rotmnist-csac")
+    ex.add_argument("--experiment", default=EXPERIMENT)
     ex.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
                     help="the runs are an ablation: the protocol with KEY set to VALUE")
     pg = sub.add_parser("page", help="the rows file -> docs/reproduction.md")

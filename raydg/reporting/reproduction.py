@@ -62,6 +62,11 @@ def paper_numbers(values: dict[str, Any], where: str) -> dict[str, Any]:
     return paper
 
 
+def paper_targets(paper: dict[str, Any]) -> list[str]:
+    """The paper table's target columns (its rows' columns but ``Avg``)."""
+    return [c for c in next(iter(paper["accuracy"].values())) if c != "Avg"]
+
+
 def _is_table(value: Any) -> bool:
     return isinstance(value, dict) and all(
         isinstance(row, dict) and all(isinstance(v, int | float) for v in row.values())
@@ -325,7 +330,7 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
     that miss them; the rows the paper cites; where the methods the paper does not report are
     (docs/fidelity.md); then each ablation (a variant of the protocol) beside the row it
     changes."""
-    targets = [c for c in next(iter(paper["accuracy"].values())) if c != "Avg"]
+    targets = paper_targets(paper)
     columns = [*targets, "Avg"]
     prints = sorted({r["fingerprint"] for r in rows} - {""})
     n = len(rows)
