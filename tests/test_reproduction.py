@@ -54,9 +54,11 @@ def test_verdicts_wait_for_the_full_design_then_apply_both_tolerances():
     assert verdict(got, paper, TARGETS, 3, Goal(1.0, 2.5)).startswith(
         "not judged: 2 of 6 federations")
     assert verdict(got, paper, TARGETS, 2, Goal(1.0, 2.5)) == (
-        "met: Avg +0.50 (goal ±1), worst cell M0 +2.00 (goal ±2.5)")
-    assert verdict(got, paper, TARGETS, 2, Goal(0.4, 2.5)).startswith("missed: Avg +0.50")
-    assert verdict(got, paper, TARGETS, 2, Goal(1.0, 1.5)).startswith("missed")
+        "met: Avg +0.50 (within ±1); 0 of 2 cells beyond ±2.5, the worst M0 +2.00")
+    assert verdict(got, paper, TARGETS, 2, Goal(0.4, 2.5)) == (
+        "missed: Avg +0.50 (beyond ±0.4); 0 of 2 cells beyond ±2.5, the worst M0 +2.00")
+    assert verdict(got, paper, TARGETS, 2, Goal(1.0, 1.5)) == (
+        "missed: Avg +0.50 (within ±1); 1 of 2 cells beyond ±1.5, the worst M0 +2.00")
 
 
 def _run(status="FINISHED", **params):

@@ -181,9 +181,11 @@ def verdict(measured: dict[str, tuple[float, float, int]], paper: dict[str, floa
         return f"not judged: {missing} of {seeds * len(targets)} federations still to run"
     gaps = {c: measured[c][0] - paper[c] for c in (*targets, "Avg")}
     worst = max(targets, key=lambda t: abs(gaps[t]))
-    ok = not _beyond(measured, paper, targets, goal)
-    return (f"{'met' if ok else 'missed'}: Avg {gaps['Avg']:+.2f} (goal ±{goal.avg:g}), worst "
-            f"cell {worst} {gaps[worst]:+.2f} (goal ±{goal.cell:g})")
+    beyond = _beyond(measured, paper, targets, goal)
+    cells_beyond = len([c for c in beyond if c != "Avg"])
+    return (f"{'missed' if beyond else 'met'}: Avg {gaps['Avg']:+.2f} "
+            f"({'beyond' if 'Avg' in beyond else 'within'} ±{goal.avg:g}); {cells_beyond} of "
+            f"{len(targets)} cells beyond ±{goal.cell:g}, the worst {worst} {gaps[worst]:+.2f}")
 
 
 def _beyond(measured: dict[str, tuple[float, float, int]], paper: dict[str, float],
