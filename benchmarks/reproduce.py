@@ -12,7 +12,7 @@ Three steps, each a command:
    unless it is named as a variant, ``--variant model=cnn``: the protocol with that key
    changed, labelled so on the page; the BN methods' runs on ``model=mnist-cnn-bn`` are
    exported so, FedAvg's on that model too; ``--variant dataset=rotmnist-ccw``: the digits
-   turned the other way).
+   turned the other way; ``--variant dataset=rotmnist-redraw``: another 1,000 digits).
 3. ``page``: the rows file -> docs/reproduction.md (regenerated, never edited by hand; a test
    checks that the committed page is what this prints from the committed rows). The same rows
    are docs/fidelity.md's real-data regime: ``python benchmarks/fidelity.py page`` after it.

