@@ -104,6 +104,19 @@ def test_the_page_labels_ablations_beside_the_protocols_row():
     assert "- FedAvg*: not judged: 9 of 10 federations still to run" in text
 
 
+def test_the_page_names_the_data_of_each_images_fingerprint():
+    paper = {"source": "T", "selection": "oracle",
+             "accuracy": {"fedavg": {"M0": 80.0, "Avg": 80.0}}}
+    rows = [_row("fedavg", "M0", 0, 82.0),
+            {**_row("fedavg", "M0", 0, 81.0), "variant": "dataset=rotmnist-ccw"},
+            {**_row("fedavg", "M0", 0, 79.0), "variant": "lr=0.1 dataset=rotmnist-redraw",
+             "fingerprint": "0ff"}]
+    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, 5, "rows.csv",
+                "cmd", "cfg.yaml")
+    assert ("Images: fingerprint 0ff (dataset=rotmnist-redraw), abc (the protocol's, "
+            "dataset=rotmnist-ccw).") in text
+
+
 def test_the_committed_page_is_what_the_rows_give():
     module = load_benchmark("reproduce")
     assert (ROOT / module.PAGE).read_text() == module.render()
