@@ -5,7 +5,7 @@ such as ``ga``, runs on FedAvg), with the dataset's defaults and one seed: one r
 experiment whose federations are Tune trials. A row *collapses* when its Avg at the selected
 round (training-domain validation) is within ``--margin`` points of chance. The table prints
 each row as raydg names it (bracketed: the options that are not its paper's, e.g. the
-digits' own CAFL mean for FedFD), its Avg and its difference to FedAvg; a method that the
+CAFL mean of FedFD on a small CNN), its Avg and its difference to FedAvg; a method that the
 dataset's model cannot run (one acting on BN layers, on ``rotmnist``'s BN-free ``mnist-cnn``)
 is listed with the error raydg gives instead.
 

@@ -23,7 +23,7 @@ from raydg.errors import RaydgError
 from raydg.methods import METHODS, Method, method_class
 from raydg.models import MODELS, has_batchnorm, has_pretrained
 from raydg.partition import MIN_CLIENT_SAMPLES
-from raydg.plan import GLYPHS, Federation, Plan, targets
+from raydg.plan import GLYPHS, IMAGENET, Federation, Plan, init_weights, targets
 from raydg.plugins import load
 from raydg.transforms import TRANSFORMS
 
@@ -36,15 +36,18 @@ PLACEMENTS = ("pack", "spread")
 
 def _method_options(cfg: RunConfig, dataset: Mapping[str, Mapping[str, Any]]
                     ) -> dict[str, Any]:
-    """The run's options: the dataset's own for its method (and composed ones), then
-    ``method_options``, then ``options``; every entry of ``method_options`` is checked against
-    its own method."""
+    """The run's options: what its method (and composed ones) starts from in the run's regime
+    (:meth:`~raydg.methods.Method.regime_options`, from its model and start), then the
+    dataset's own, then ``method_options``, then ``options``; every entry of
+    ``method_options`` is checked against its own method."""
     for name, values in cfg.method_options.items():
         _check(isinstance(values, dict), f"method_options.{name} must map option names to "
                                          f"values, got {values!r}")
         METHODS.get(name).parse_options(values)
     names = [METHODS.get(n).name for n in (cfg.method, cfg.augment, cfg.aggregation) if n]
-    layers = [dataset, {METHODS.get(k).name: v for k, v in cfg.method_options.items()}]
+    imagenet = init_weights(cfg) == IMAGENET
+    regime = {n: METHODS.get(n).regime_options(cfg.model, imagenet) for n in names}
+    layers = [regime, dataset, {METHODS.get(k).name: v for k, v in cfg.method_options.items()}]
     return {**{k: v for by_name in layers for n in names for k, v in by_name.get(n, {}).items()},
             **cfg.options}
 
@@ -66,9 +69,7 @@ def _filled(cfg: RunConfig) -> RunConfig:
     """:func:`resolve`'s filling (and the checks it needs: the weights against
     ``pretrained``), without checking the method against the model or the values' ranges."""
     spec = DATASETS.get(cfg.dataset)
-    options = _method_options(cfg, spec.method_options)
     cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
-    cls.parse_options(options)
     defaults = dataclasses.asdict(spec.defaults)
     filled = {k: v for k, v in defaults.items() if getattr(cfg, k) is None}
     augment, aggregation = (METHODS.get(n).name if n else None
@@ -77,7 +78,7 @@ def _filled(cfg: RunConfig) -> RunConfig:
            "--weights and --no-pretrained contradict each other")
     selection = cls.client_selection if cfg.client_selection is None else cfg.client_selection
     cfg = dataclasses.replace(cfg, dataset=spec.name, method=METHODS.get(cfg.method).name,
-                              augment=augment, aggregation=aggregation, options=options,
+                              augment=augment, aggregation=aggregation,
                               client_selection=selection, **filled)
     if cfg.weights is not None:
         cfg = dataclasses.replace(cfg, pretrained=True)
@@ -86,6 +87,9 @@ def _filled(cfg: RunConfig) -> RunConfig:
                f"model {cfg.model} has no ImageNet weights; drop --pretrained, or pass "
                f"--weights FILE or --weights {GLYPHS}")
         cfg = dataclasses.replace(cfg, pretrained=False)  # the dataset default does not apply
+    options = _method_options(cfg, spec.method_options)
+    cls.parse_options(options)
+    cfg = dataclasses.replace(cfg, options=options)
     storage = cfg.storage or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
     if "://" not in storage:
         storage = str(Path(storage).expanduser().resolve())

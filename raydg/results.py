@@ -102,6 +102,7 @@ def load_state(path: Path) -> State:
 # Accuracies: fractions inside a federation (its history, checkpoints, result.json), percent
 # wherever a user reads them (console, MLflow, tables and plots logged there, reports, the API).
 UNIT_TAG = "raydg.accuracy_unit"  # "percent" on runs logged so; runs without it hold fractions
+WARNINGS_TAG = "raydg.warnings"  # a child run's warnings (divergence, collapse), one per line
 
 
 def is_accuracy(name: str) -> bool:

@@ -67,6 +67,46 @@ def test_digits_style_domains_are_disjoint_and_balanced():
         np.testing.assert_array_equal(a.x, b.x)
 
 
+def test_generated_styles_are_the_extremes_they_claim_at_16_and_32_px():
+    from raydg.datasets.generated import KINDS, register_family
+
+    data = load_dataset("digits-gen", None, None)
+    assert data.domain_names == list(KINDS)
+    assert sum(len(d) for d in data.domains) == 1797
+    assert all(np.bincount(d.y, minlength=10).min() >= 30 for d in data.domains)
+    pixels = {d.name: d.x.astype(float).reshape(len(d), 3, -1) / 255 for d in data.domains}
+    std = pixels["low-contrast"].reshape(len(data.domain("low-contrast")), -1).std(axis=1)
+    assert std.min() < 0.02 and np.median(std) < 0.06  # a pixel std of a few percent
+    flat = data.domain("flat").x.astype(int)
+    assert (flat[:, :, 0, 0] == flat[:, :, -1, -1]).all()  # a uniform ground at the corners
+    channel_std = pixels["coloured"].std(axis=2)
+    assert ((channel_std < 1e-9).sum(axis=1) == 2).all()  # ink differs in one channel only
+    inverted = pixels["inverted"]
+    assert (inverted.mean(axis=(1, 2)) > 0.5).mean() > 0.9  # mostly light paper
+    # the grating (2-3 px): its share of the image's power above 0.3 cycles per pixel is more
+    # than twice any other style's
+    high = {d.name: _high_frequency_share(d.x) for d in data.domains}
+    assert all(high["high-frequency"] > 2 * v for k, v in high.items() if k != "high-frequency")
+    big = load_dataset("digits-gen", None, 32)
+    assert big.domains[0].x.shape[1:] == (3, 32, 32)
+    assert [d.y.tolist() for d in big.domains] == [d.y.tolist() for d in data.domains]
+    other = load_dataset(register_family(1), None, None)
+    assert register_family(1) == "digits-gen-1"
+    assert not np.array_equal(other.domains[0].x, data.domains[0].x)  # other draws
+    again = load_dataset("digits-gen", None, None)
+    for a, b in zip(data.domains, again.domains, strict=True):
+        np.testing.assert_array_equal(a.x, b.x)
+
+
+def _high_frequency_share(x: np.ndarray) -> float:
+    """Mean over images of the share of (grey, mean-free) power above 0.3 cycles per pixel."""
+    grey = x.astype(float).mean(axis=1)
+    power = np.abs(np.fft.fft2(grey - grey.mean(axis=(1, 2), keepdims=True))) ** 2
+    f = np.fft.fftfreq(grey.shape[1])
+    high = np.hypot(*np.meshgrid(f, f, indexing="ij")) > 0.3
+    return float((power[:, high].sum(axis=1) / power.sum(axis=(1, 2))).mean())
+
+
 def _write_tree(root, domains, classes, per_class=2, empty=()):
     for d in domains:
         for c in classes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 
 import numpy as np
@@ -238,12 +239,37 @@ def test_a_diverging_run_says_so_once():
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     lines: list[str] = []
     result = Simulation(cfg, data, cfg.target, cfg.seed, log=lines.append).run()
-    assert not all(np.isfinite(v).all() for v in result.global_state.values())
     warnings = [line for line in lines if line.startswith("warning:")]
-    assert len(warnings) == 1 and "NaN or infinite weights after round" in warnings[0]
-    assert 1 <= result.tables["divergence"][0]["round"] <= 3
+    assert len(warnings) == 1 and warnings[0].startswith("warning: fedavg diverged in round 1: "
+                                                         "client ")
+    assert "training loss" in warnings[0] and "at step" in warnings[0]
+    assert result.tables["divergence"] == [{"round": 1, "message": warnings[0]}]
     _, learning = _run(rounds=3)
     assert "divergence" not in learning.tables
+
+
+class _Exploding(Method):
+    """FedAvg plus a logged loss term that grows a thousandfold per step from round 2 on."""
+
+    name = "exploding"
+
+    def loss(self, ctx, x, y):
+        boom = torch.tensor(10.0 ** (3 * ctx.steps) if ctx.round >= 2 else 0.0)
+        ctx.log("exploding/boom", boom, term=True)
+        return super().loss(ctx, x, y) + boom
+
+
+def test_the_guard_names_the_round_and_the_term_that_exploded():
+    cfg = tiny_config(rounds=3)
+    data = load_dataset(cfg.dataset, None, cfg.image_size)
+    lines: list[str] = []
+    Simulation(cfg, data, cfg.target, cfg.seed, log=lines.append, method=_Exploding()).run()
+    warnings = [line for line in lines if line.startswith("warning:")]
+    # step 1 of round 2 adds 1e3 to the loss: past 100 x its first step's (about 2.3 + 1e3)
+    # only at step 2 (1e6); the lowest client id is the one named
+    assert len(warnings) == 1 and re.match(
+        r"warning: exploding diverged in round 2: client 0's training loss 1e\+06 at step 2, "
+        r"from 1e\+03 at step 1; largest term exploding/boom = 1e\+06\.", warnings[0])
 
 
 def _per_client_val(result, cfg) -> dict[int, float]:

@@ -124,7 +124,7 @@ def test_client_agnostic_losses_match_their_equations():
 def test_total_loss_weights(options, weights):
     method = _fedfd(**options)
     model = _model(method).train()
-    ctx = SimpleNamespace(model=model, round=1, log=lambda *_: None)
+    ctx = SimpleNamespace(model=model, round=1, log=lambda *_, **__: None)
     x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
     torch.manual_seed(3)
     total = method.loss(ctx, x, y).item()
@@ -138,7 +138,7 @@ def test_cacl_updates_only_the_classifier():
     method = _fedfd(losses="cacl", lambda1=1.0)  # loss = 0*CE + CACL
     model = _model(method).train()
     x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
-    ctx = SimpleNamespace(model=model, round=1, log=lambda *_: None)
+    ctx = SimpleNamespace(model=model, round=1, log=lambda *_, **__: None)
     method.loss(ctx, x, y).backward()
     assert all(p.grad is None or not p.grad.any() for p in model.features.parameters())
     assert model.classifier.weight.grad.abs().sum() > 0

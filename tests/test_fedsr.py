@@ -36,7 +36,7 @@ class _Ctx:
     log = ClientContext.log
 
     def __init__(self, model: nn.Module) -> None:
-        self.model, self.metrics = model, {}
+        self.model, self.metrics, self.terms = model, {}, set()
 
 
 def _toy_net(c: float) -> GaussianNet:

@@ -74,12 +74,18 @@ def test_fedprox_gradient_is_ce_gradient_plus_mu_times_displacement():
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p))
+    logged: dict[str, tuple[float, bool]] = {}
     ctx = type("Ctx", (), {})()
     ctx.model, ctx.scratch = model, {}
+    ctx.log = lambda name, value, term=False: logged.update({name: (float(value), term)})
     ctx.scratch["anchor"] = [(p, torch.from_numpy(anchor[k]))
                              for k, p in model.named_parameters()]
     x, y = torch.randn(5, 12), torch.tensor([0, 1, 2, 1, 0])
     method.loss(ctx, x, y).backward()
+    squared = sum(((p.detach().numpy() - anchor[k]) ** 2).sum()
+                  for k, p in model.named_parameters())
+    assert logged["fedprox/prox"][0] == pytest.approx(squared, rel=1e-5)
+    assert logged["fedprox/prox"][1]  # a loss term, which the divergence guard may name
     prox_grads = {k: p.grad.clone().numpy() for k, p in model.named_parameters()}
     model.zero_grad()
     nn.functional.cross_entropy(model(x), y).backward()

@@ -260,15 +260,20 @@ def test_the_optimizer_is_sgd_or_adam_with_the_runs_learning_rate_and_decay():
         resolve(RunConfig(optimizer="rmsprop"))
 
 
-def test_a_datasets_own_method_options_apply_below_the_users_and_are_labelled():
-    """digits-*: fedfd/fedfd-a start from cafl_reduction=mean (their paper's sum collapses the
-    digits CNN); method_options and options override it; every row off the paper's values
-    is named with them, one at the paper's values plainly."""
+def test_a_methods_regime_options_apply_below_the_users_and_are_labelled():
+    """fedfd/fedfd-a start from cafl_reduction=mean on every backbone but an ImageNet-started
+    ResNet (the paper's sum explodes or collapses the others), whatever the dataset: the
+    embedded ones and one with no options of its own alike; method_options and options
+    override it; every row off the paper's values is named with them, one at the paper's
+    values plainly."""
     from raydg.resolve import not_paper, row_label
 
-    cfg = resolve(RunConfig(dataset="digits-style", method="fedfd-a"))
-    assert cfg.options["cafl_reduction"] == "mean"
-    assert row_label(cfg) == "fedfd-a [cafl_reduction=mean]"
+    for dataset in ("digits-style", "digits-gen"):
+        cfg = resolve(RunConfig(dataset=dataset, method="fedfd-a"))
+        assert cfg.options["cafl_reduction"] == "mean"
+        assert row_label(cfg) == "fedfd-a [cafl_reduction=mean]"
+    assert resolve(RunConfig(dataset="pacs", method="fedfd-a",
+                             pretrained=False)).options == {"cafl_reduction": "mean"}
     assert resolve(RunConfig(dataset="digits-rot", method="fedig")).options == {
         "cafl_reduction": "mean"}  # an alias gets its method's options
     for override in ({"options": {"cafl_reduction": "sum"}},

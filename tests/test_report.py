@@ -292,6 +292,26 @@ def test_rows_name_the_options_that_are_not_the_papers(tmp_path, ray_session):
         assert [r["method"] for r in json.loads(result.stdout)] == [name]
 
 
+def test_a_diverging_runs_warning_is_logged_to_mlflow_and_reported(tmp_path, ray_session):
+    """The divergence guard's line, printed once, is the child run's tag raydg.warnings and a
+    line of the report under its run; the console report says where no run warned."""
+    uri = f"sqlite:///{tmp_path}/warn.db"
+    lines: list[str] = []
+    run_experiment(RunConfig(dataset="digits-rot", target="M0", seeds=[0], rounds=2,
+                             local_steps=3, batch_size=16, lr=1e6, tracking_uri=uri,
+                             experiment="warn"), out=lines.append, progress="lines")
+    said = [line.split("] ", 1)[1] for line in lines if "] warning:" in line]
+    assert len(said) == 1 and "fedavg diverged in round 1: client" in said[0]
+    (child,) = [r for r in MlflowClient(uri).search_runs(
+        [MlflowClient(uri).get_experiment_by_name("warn").experiment_id])
+        if "raydg.target" in r.data.tags]
+    assert child.data.tags["raydg.warnings"] == said[0]
+    result = CliRunner().invoke(cli, ["report", "--tracking-uri", uri, "--experiment", "warn"])
+    assert result.exit_code == 0, result.output
+    assert (f"Warnings (1):\n  fedavg M0 seed=0 ({child.info.run_id[:8]}): "
+            f"{said[0].removeprefix('warning: ')}") in result.output
+
+
 def test_metric_is_the_mean_of_a_final_metric_over_each_methods_runs(store):
     rows = report_csv(store, "--metric", "steps_per_client", "--filter", "params.lr != '0.5'")
     for row in rows:

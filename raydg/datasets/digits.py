@@ -22,12 +22,6 @@ DIGITS_DEFAULTS = TrainDefaults(
     rounds=10, local_steps=20, lr=0.05, momentum=0.5, batch_size=32, model="cnn", image_size=16,
     val_every=2,  # the papers' 10 client-side validations per round (20 of 200 steps)
 )
-# FedFD/FedFD-A's CAFL as written (lambda2 = 4 x the sum over the feature dimensions, set for
-# an ImageNet-pretrained ResNet-18) collapses the digits' CNN to chance (FedFD-A Eq. 3; see
-# raydg.methods.fedfd). Training-domain validation chose the mean over the dimensions in every
-# digits experiment of benchmarks/fidelity.py (its search of cafl_reduction sum/mean and
-# warmup_rounds 0/2: source validation 70-81 % for mean, 10-48 % otherwise; docs/fidelity.md).
-DIGITS_METHOD_OPTIONS = {m: {"cafl_reduction": "mean"} for m in ("fedfd", "fedfd-a")}
 _DIGITS_SEED = 20240601  # fixed: the benchmark's images never depend on the run seed
 
 
@@ -152,14 +146,12 @@ DATASETS.register("digits-rot")(
     DatasetSpec(
         "digits-rot", tuple(f"M{a}" for a in ROTATIONS), DIGITS_DEFAULTS, load_digits_rot,
         "embedded: sklearn digits, 6 rotation domains (CSAC's Rotated-MNIST protocol)",
-        method_options=DIGITS_METHOD_OPTIONS,
     )
 )
 DATASETS.register("digits-style")(
     DatasetSpec(
         "digits-style", STYLES, DIGITS_DEFAULTS, load_digits_style,
         "embedded: sklearn digits, 4 appearance domains with PACS-like style shift",
-        method_options=DIGITS_METHOD_OPTIONS,
     )
 )
 

@@ -11,6 +11,7 @@ the held-out target domain, which no client ever sees.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import socket
 import time
@@ -29,6 +30,7 @@ from raydg import state as st
 from raydg.checkpoint import register_dataclass
 from raydg.config import RunConfig
 from raydg.datasets import to_inputs
+from raydg.engine import health
 from raydg.errors import RaydgError
 from raydg.methods import ClientContext, Method, Upload
 from raydg.models import ModelSpec
@@ -104,6 +106,7 @@ class Runtime:
         self.device = pick_device(cfg.gpus_per_actor, cfg.deterministic)
         self.method = rt.method
         self.model = self.method.build_model(rt.model).to(self.device)
+        self.chance_loss = math.log(rt.model.num_classes)  # a uniform prediction's
         self.local_keys = self.method.local_keys(self.model)
         # on the device once: a copy from host memory at every batch makes the host wait
         # for the GPU's queue
@@ -235,12 +238,15 @@ class ClientHost(Runtime):
         self.method.end_round(ctx)
         upload = best_state if best_state is not None else st.to_numpy(self.model)
         self.slots[cid].state.local = {k: upload[k] for k in self.local_keys}
-        metrics = {"train_loss": float(np.mean(on_host(losses))),
+        losses, logged = on_host(losses), {k: on_host(v) for k, v in ctx.metrics.items()}
+        metrics = {"train_loss": float(np.mean(losses)),
                    "seconds": time.perf_counter() - start, "steps": ctx.steps,
-                   **{k: float(np.mean(on_host(v))) for k, v in ctx.metrics.items()}}
+                   **{k: float(np.mean(v)) for k, v in logged.items()}}
         if select:
             metrics["local_val_acc"] = best_acc
-        return Upload(cid, data.num_train, upload, metrics)
+        blowup = health.blowup(losses, {k: logged[k] for k in ctx.terms}, self.chance_loss)
+        return Upload(cid, data.num_train, upload, metrics,
+                      blowup and f"client {cid}'s {blowup}")
 
     def validate(self, global_state: st.State, with_local: bool,
                  clients: list[int] | None = None) -> tuple[dict[int, dict[str, float]], float]:

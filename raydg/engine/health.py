@@ -8,6 +8,11 @@ import math
 import numpy as np
 
 COLLAPSE_ROUNDS = 3
+# a training loss this many times its reference has diverged: two orders of magnitude, where
+# a loss that trains rises by a few times at most (a hard batch); the reference is the round's
+# first step (for a step) or round 1 (for a round), and at least ln(C), the loss of a uniform
+# prediction, so that a loss near zero late in training may rise to chance without an alarm
+GROWTH = 100.0
 
 
 def collapse(history: list[dict[str, float]], classes: int) -> str | None:
@@ -25,9 +30,47 @@ def collapse(history: list[dict[str, float]], classes: int) -> str | None:
     return None
 
 
-def divergence(state: dict[str, np.ndarray], rnd: int, loss: float) -> str | None:
+def nonfinite_weights(state: dict[str, np.ndarray]) -> str | None:
     """Why training diverged, if the aggregated model ``state`` holds a NaN or an infinity."""
     if all(np.isfinite(v).all() for v in state.values()):
         return None
-    return (f"the global model holds NaN or infinite weights after round {rnd} (mean training "
-            f"loss {loss:.3g}): training diverged and every later accuracy is meaningless.")
+    return "the global model holds NaN or infinite weights"
+
+
+def _reference(first: float, floor: float) -> float:
+    return max(abs(first) if math.isfinite(first) else 0.0, floor)
+
+
+def _term_at(step: int, losses: list[float], terms: dict[str, list[float]]) -> str:
+    """`` (largest term NAME = V)``: of the loss terms logged at every step, the one largest
+    at ``step`` (a non-finite one first); of terms logged otherwise, the largest anywhere."""
+    values = {k: v[step - 1] if len(v) == len(losses) else max(v, key=_size)
+              for k, v in terms.items() if v}
+    if not values:
+        return ""
+    name = max(values, key=lambda k: _size(values[k]))
+    return f"; largest term {name} = {values[name]:.3g}"
+
+
+def _size(value: float) -> float:
+    return math.inf if not math.isfinite(value) else abs(value)
+
+
+def blowup(losses: list[float], terms: dict[str, list[float]], floor: float) -> str | None:
+    """How a client's round of per-step training ``losses`` diverged, if a loss is not finite
+    or exceeds ``GROWTH`` times the round's first (at least ``floor``): the first such step,
+    its loss and the largest of the method's loss ``terms`` there (per-step values by name)."""
+    reference = _reference(losses[0], floor)
+    for step, loss in enumerate(losses, 1):
+        if not math.isfinite(loss) or abs(loss) > GROWTH * reference:
+            return (f"training loss {loss:.3g} at step {step}, from {losses[0]:.3g} at step 1"
+                    + _term_at(step, losses, terms))
+    return None
+
+
+def round_blowup(loss: float, first: float, floor: float) -> str | None:
+    """Why a round's mean training ``loss`` shows divergence, if it is not finite or exceeds
+    ``GROWTH`` times round 1's (``first``, at least ``floor``)."""
+    if math.isfinite(loss) and abs(loss) <= GROWTH * _reference(first, floor):
+        return None
+    return f"mean training loss {loss:.3g}, from {first:.3g} in round 1"

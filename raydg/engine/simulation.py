@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -303,13 +304,25 @@ class Simulation:
         global_ref = ray.put(self.global_state)
         row = self._training_metrics(rnd, uploads)
         row.update(self._phase_times(uploads, start, trained))
-        self._warn("divergence", rnd,
-                   health.divergence(self.global_state, rnd, row["train_loss"]))
+        self._warn("divergence", rnd, self._divergence(rnd, uploads, row))
         row.update(self.ledger.totals(rnd), clients_moved=self.pool.moved)
         row.update(self.method.on_round_end(self))
         self._pending = (row, self._start_evaluation(global_ref, self._validators(rnd, cids)),
                          start, self.global_state)
         return global_ref
+
+    def _divergence(self, rnd: int, uploads: list[Upload], row: dict[str, float]) -> str | None:
+        """The first sign that round ``rnd`` diverged: a client's loss exploding within the
+        round (the lowest client id's), the round's mean loss against round 1's, or weights
+        that are not finite (:mod:`raydg.engine.health`)."""
+        rows = [*self.history, *([self._pending[0]] if self._pending else []), row]
+        chance = math.log(self.spec.num_classes)
+        sign = (next((u.blowup for u in sorted(uploads, key=lambda u: u.client_id)
+                      if u.blowup), None)
+                or health.round_blowup(row["train_loss"], rows[0]["train_loss"], chance)
+                or health.nonfinite_weights(self.global_state))
+        return sign and (f"{self.label} diverged in round {rnd}: {sign}. Every later accuracy "
+                         "of this federation is meaningless.")
 
     def _finish(self, row: dict[str, float], futures: Any, start: float | None,
                 state: st.State, on_round: Callable[[dict[str, float]], None] | None,

@@ -8,9 +8,9 @@ Its hooks, by where they run (a method overrides only what its paper changes):
 runs in                 hooks                                   used by (e.g.)
 ======================  ======================================  ==============================
 planning (before Ray:   ``parse_options``, ``check_options``,   every method with options;
-the planning step,      ``not_paper``, ``label``,               CSAC (``setup_steps``)
-no model)               ``setup_steps``; class flags
-                        (``client_selection``,
+the planning step,      ``regime_options``, ``not_paper``,      CSAC (``setup_steps``),
+no model)               ``label``, ``setup_steps``; class       FedFD (``regime_options``)
+                        flags (``client_selection``,
                         ``needs_batchnorm``, ...)
 driver, building the    ``arrange_clients``, ``build_model``,   DeepAll, local bound; XAN,
 federation (and each    ``local_keys``, ``upload_kind``         mixed-statistics BN; FedBN,
@@ -75,6 +75,7 @@ class Upload:
     num_samples: int
     state: st.State
     metrics: dict[str, float] = field(default_factory=dict)
+    blowup: str | None = None  # how its training loss diverged this round, if it did
 
 
 @dataclass
@@ -104,6 +105,7 @@ class ClientContext:
     scratch: dict[str, Any] = field(default_factory=dict)
     optimizer: SGD | torch.optim.Optimizer | None = None
     metrics: dict[str, list[float | Tensor]] = field(default_factory=dict)
+    terms: set[str] = field(default_factory=set)  # the metrics that are terms of the loss
     steps: int = 0
 
     def make_optimizer(self, params, scale: float = 1.0) -> SGD | torch.optim.Optimizer:
@@ -116,11 +118,15 @@ class ClientContext:
             return torch.optim.Adam(list(params), lr=lr, weight_decay=cfg.weight_decay)
         return SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
-    def log(self, name: str, value: float | Tensor) -> None:
+    def log(self, name: str, value: float | Tensor, term: bool = False) -> None:
         """Record ``value``; the round's metric ``name`` is its mean (over steps and clients).
-        A tensor stays on its device until the round ends (no wait for the GPU at each step)."""
+        A tensor stays on its device until the round ends (no wait for the GPU at each step).
+        ``term``: ``value`` is a term of the loss, logged once per step, which the divergence
+        guard names when the loss explodes (:func:`raydg.engine.health.blowup`)."""
         self.metrics.setdefault(name, []).append(
             value.detach() if isinstance(value, Tensor) else float(value))
+        if term:
+            self.terms.add(name)
 
     def batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """Endless seeded minibatches of the training shard, reshuffled every epoch, with the
@@ -222,6 +228,14 @@ class Method:
                                  f"{getattr(options, key)!r}")
         cls.check_options(options)
         return options
+
+    @classmethod
+    def regime_options(cls, model: str, imagenet: bool) -> dict[str, Any]:
+        """Options this method starts from on backbone ``model`` (from ImageNet weights or
+        not) where its paper's values, set for the paper's own backbone, do not train: raydg's
+        choice, labelled as not the paper's in every table; a dataset's, ``method_options``
+        and ``options`` override it."""
+        return {}
 
     @classmethod
     def check_options(cls, options: Any) -> None:

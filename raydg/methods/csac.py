@@ -330,7 +330,7 @@ class CSAC(Method):
         calib = model.calibration
         logits, fused = tapped(model, calib.layers, x)
         loss = F.cross_entropy(logits, y) if o.cross_entropy else torch.zeros((), device=x.device)
-        ctx.log("csac/ce", loss.detach())
+        ctx.log("csac/ce", loss.detach(), term=True)
         if o.alignment == "none" or o.lambda_cal == 0:
             return loss
         with torch.no_grad():
@@ -338,5 +338,5 @@ class CSAC(Method):
         a = [p(f) for p, f in zip(calib.fused, fused, strict=True)]  # Eq. (5)
         b = [p(f) for p, f in zip(calib.local, local, strict=True)]
         aligned = alignment_loss(a, b, o.alignment, o.attention, DISCREPANCIES[o.discrepancy])
-        ctx.log("csac/alignment", aligned.detach())
+        ctx.log("csac/alignment", aligned.detach(), term=True)
         return loss + o.lambda_cal * aligned

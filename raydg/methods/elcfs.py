@@ -95,6 +95,6 @@ class ELCFS(AmpMix):
         ctx.optimizer.zero_grad(set_to_none=True)
         (inner + outer).backward()
         ctx.optimizer.step()
-        ctx.log("elcfs/inner", inner.detach())
-        ctx.log("elcfs/outer", outer.detach())
+        ctx.log("elcfs/inner", inner.detach(), term=True)
+        ctx.log("elcfs/outer", outer.detach(), term=True)
         return inner.detach()

@@ -37,4 +37,5 @@ class FedProx(Method):
 
     def loss(self, ctx: ClientContext, x: Tensor, y: Tensor) -> Tensor:
         prox = sum(torch.sum((p - w0) ** 2) for p, w0 in ctx.scratch["anchor"])
+        ctx.log("fedprox/prox", prox.detach(), term=True)
         return super().loss(ctx, x, y) + 0.5 * self.options.mu * prox

@@ -148,8 +148,8 @@ class FedSR(Method):
         mu, sigma = model.gaussian(x)
         z = mu + sigma * torch.randn_like(sigma)
         l2r, cmi = l2r_term(z, o.l2r_squared), cmi_term(model, mu, sigma, y)
-        ctx.log("fedsr/l2r", l2r.detach())
-        ctx.log("fedsr/cmi", cmi.detach())
+        ctx.log("fedsr/l2r", l2r.detach(), term=True)
+        ctx.log("fedsr/cmi", cmi.detach(), term=True)
         return F.cross_entropy(model.classifier(z), y) + o.l2r * l2r + o.cmi * cmi
 
     def predict(self, model: nn.Module, x: Tensor, mode: str) -> Tensor:

@@ -25,6 +25,7 @@ from raydg.plots import plot_curves
 from raydg.reporting import rows
 from raydg.reporting.runs import (
     UNSET,
+    Run,
     Table,
     differing,
     find_runs,
@@ -315,11 +316,20 @@ def report(client: Any, *, experiments: Sequence[str] = (), dataset: str | None 
                  "settings, target and seed: " + ", ".join(
                      f"{r.method} {r.target} seed={r.seed} ({r.run_id[:8]})" for r in twice)
                  ] if twice else []
+    left_out += warned(runs)
     written = [] if plot is None else plot_tables(client, tabs, plot)
     text = render(tabs, fmt, selection, extras, paper, round_blocks(client, tabs, per_round))
     if fmt == "console":
         return "\n\n".join([*apart, text, *left_out]), written
     return text, apart + left_out + written
+
+
+def warned(runs: list[Run]) -> list[str]:
+    """``Warnings``: each warning a matching run logged (divergence, collapse), under the run
+    it belongs to; in the tables, such a run's numbers stand as they were measured."""
+    lines = [f"  {r.method} {r.target} seed={r.seed} ({r.run_id[:8]}): "
+             f"{w.removeprefix('warning: ')}" for r in runs for w in r.warnings.splitlines()]
+    return [f"Warnings ({len(lines)}):\n" + "\n".join(lines)] if lines else []
 
 
 def plot_tables(client: Any, tabs: list[Table], plot: Path) -> list[str]:

@@ -12,7 +12,14 @@ import numpy as np
 
 from raydg.config import NOT_RESULTS
 from raydg.errors import RaydgError
-from raydg.results import UNIT_TAG, first_seen, in_percent, is_accuracy, summary_rows
+from raydg.results import (
+    UNIT_TAG,
+    WARNINGS_TAG,
+    first_seen,
+    in_percent,
+    is_accuracy,
+    summary_rows,
+)
 
 # params a table's rows may differ in: they name the row, not the table
 ROW_KEYS = ("method", "augment", "aggregation", "equal_compute", "target", "seeds", "seed")
@@ -34,6 +41,7 @@ class Run:
     not_paper: str = ""  # options that are not the paper's (tag raydg.not_paper), k=v k=v
     setting: str = ""  # the searched setting that made the run (tag raydg.setting)
     scale: float = 1.0  # what turns its logged accuracies into percent (100: fractions)
+    warnings: str = ""  # what the run warned of (tag raydg.warnings), one per line
 
     def accuracy(self, selection: str) -> float:
         return self.metrics.get(f"final/target_acc_{selection}/{self.mode}", np.nan)
@@ -95,7 +103,8 @@ def find_runs(client: Any, experiments: Sequence[str], dataset: str | None,
         out.append(Run(r.info.run_id, r.info.status, tags["raydg.method"], tags["raydg.target"],
                        int(tags["raydg.seed"]), tags.get("raydg.mode", "global"),
                        dict(r.data.params), in_percent(dict(r.data.metrics), scale),
-                       tags.get("raydg.not_paper", ""), tags.get("raydg.setting", ""), scale))
+                       tags.get("raydg.not_paper", ""), tags.get("raydg.setting", ""), scale,
+                       tags.get(WARNINGS_TAG, "")))
     return out
 
 

@@ -33,6 +33,7 @@ from raydg.errors import RaydgError, TrackingError
 from raydg.plots import plot, plot_curves
 from raydg.results import (
     UNIT_TAG,
+    WARNINGS_TAG,
     FederationResult,
     duration,
     in_percent,
@@ -50,6 +51,7 @@ CURVE_METRICS = ("target_acc", "val_acc", "train_loss")
 MAX_PARAMS = 100  # per MLflow log_batch call
 RETRY_SECONDS = 10.0  # while MLflow fails, how often the calls kept are tried again
 REMIND_SECONDS = 300.0  # while MLflow fails, how often a line says so again
+WARNINGS_CHARS = 5000  # within MLflow's limit on a tag's value
 
 
 def _first_line(err: Exception) -> str:
@@ -130,6 +132,7 @@ class Tracker:
         self.open: set[str] = set()  # children not yet ended
         self.done: set[str] = set()  # children FINISHED
         self.restarts: dict[str, int] = {}
+        self.warnings: dict[str, list[str]] = {}  # said so far, by key
         self.steps: dict[str, int] = {}  # the last round logged, by key
         self.scale = 100.0  # accuracies logged in percent (1: a resumed run of fractions)
         self.backlog: list[Callable[[], None]] = []  # calls that failed, to retry in order
@@ -174,6 +177,8 @@ class Tracker:
             history = self.client.get_metric_history(run.info.run_id, "val_acc")
             self.steps[key] = max((m.step for m in history), default=0)
             self.restarts[key] = int(run.data.metrics.get("restarts", 0))
+            if WARNINGS_TAG in run.data.tags:
+                self.warnings[key] = run.data.tags[WARNINGS_TAG].splitlines()
             (self.done if run.info.status == "FINISHED" else self.open).add(key)
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -278,6 +283,16 @@ class Tracker:
         self._call(create)
         self._call(lambda: self._params(self.children[key], {
             **flat_params(cfg), "target": cfg.target, "seed": str(cfg.seed)}))
+
+    def warn(self, key: str, message: str) -> None:
+        """Add a warning of federation ``key`` (divergence, collapse) to its child run's tag
+        ``raydg.warnings`` (one per line, each once), which ``raydg report`` prints."""
+        said = self.warnings.setdefault(key, [])
+        if message in said:
+            return
+        said.append(message)
+        text = "\n".join(said)[:WARNINGS_CHARS]
+        self._call(lambda: self.client.set_tag(self.children[key], WARNINGS_TAG, text))
 
     def last_round(self, key: str) -> int:
         """The last round of federation ``key`` already logged (0: none)."""

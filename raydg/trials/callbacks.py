@@ -55,7 +55,10 @@ class Collector(tune.Callback):
                 if message == self.placement:
                     continue
                 self.placement = message
-            self.progress.say(f"[{fed.title()}] {message}", message.startswith("warning"))
+            warning = message.startswith("warning")
+            if warning:
+                self.tracker.warn(fed.key, message)
+            self.progress.say(f"[{fed.title()}] {message}", warning)
         for row in report.get("history", []):  # restored: rounds that MLflow may have missed
             self._log(fed.key, row)
         row = report["row"]

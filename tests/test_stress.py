@@ -1,0 +1,38 @@
+"""Every registered method, with its defaults, on generated styles that nobody tuned for
+(family 0 of raydg.datasets.generated, 16 px, 6 rounds, one held-out domain, 3 seeds): the
+short version of ``benchmarks/stress.py``, whose docstring gives the criteria and the margin.
+The same run holds FedFD and FedFD-A at their paper's CAFL sum, which must fail it: the test
+can tell a method that explodes from one that trains."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import load_benchmark
+
+ROUNDS, TARGET = 6, "flat"
+
+
+@pytest.fixture(scope="module")
+def verdicts(ray_session, tmp_path_factory):
+    stress = load_benchmark("stress")
+    uri = f"sqlite:///{tmp_path_factory.mktemp('stress')}/mlflow.db"
+    rows = stress.run([0], [16], ROUNDS, [TARGET], stress.SEEDS, uri)
+    return {v["method"]: v for v in stress.judge(rows)}, stress
+
+
+def test_every_method_trains_on_styles_it_was_not_tuned_for(verdicts):
+    judged, stress = verdicts
+    defaults = {m: v for m, v in judged.items() if not m.endswith(stress.PAPER)}
+    assert len(defaults) == len(stress.METHODS.names())  # each registered method, once
+    failed = {m: v for m, v in defaults.items() if not v["passes"]}
+    assert not failed, failed
+    assert all(v["runs"] == len(stress.SEEDS) for v in judged.values())
+
+
+def test_the_papers_cafl_sum_diverges_there_and_fails(verdicts):
+    judged, stress = verdicts
+    for method in ("fedfd", "fedfd-a"):
+        paper = judged[method + stress.PAPER]
+        assert not paper["passes"] and not paper["quiet"]  # the divergence guard spoke
+        assert judged[f"{method} [cafl_reduction=mean]"]["passes"]
