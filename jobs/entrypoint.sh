@@ -4,7 +4,8 @@
 # head's MLflow database there. Exits with raydg's
 # status, or with 1 if raydg succeeded but the backup failed.
 # On `ray job stop` (SIGTERM to every process of the job) raydg records the stop, then the
-# backup runs, if Ray's stop timeout (RAY_JOB_STOP_WAIT_TIME_S) leaves it the time.
+# backup runs: jobs/submit.sh gives the job 120 s before Ray's SIGKILL (RAY_JOB_STOP_WAIT_TIME_S
+# in its runtime environment; Ray's own default, 3 s, would cut both short).
 set -uo pipefail
 args=("$@")
 trap 'echo "entrypoint: SIGTERM: raydg is stopping" >&2' TERM  # bash goes on once raydg ends

@@ -24,7 +24,7 @@
 # for those of these variables that are set here, which the job gets instead:
 #   RAYDG_STORAGE, RAYDG_DATA_ROOT, MLFLOW_TRACKING_URI, RAYDG_MLFLOW_DB, RAYDG_MLFLOW_BACKUPS
 # The job API needs the cluster's token: RAY_AUTH_TOKEN_PATH, RAY_AUTH_TOKEN or
-# ~/.ray/auth_token (`eval "$(jobs/token.sh)"` fetches it).
+# ~/.ray/auth_token (`eval "$(jobs/token.sh)"` points RAY_AUTH_TOKEN_PATH at it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 address=${RAY_ADDRESS:-http://127.0.0.1:8265}
@@ -42,14 +42,20 @@ while [ $# -gt 0 ]; do
 done
 [ ${#args[@]} -gt 0 ] || {
   echo "usage: jobs/submit.sh RAYDG-ARGS... [--address ADDR] [--wait]" >&2; exit 2; }
+# RAY_JOB_STOP_WAIT_TIME_S: after `ray job stop`'s SIGTERM, the seconds Ray's job supervisor
+# (which reads the job's environment) waits before SIGKILL; Ray's default, 3 s, ends raydg
+# before it has recorded its stop, and the backup never runs. RAYDG_JOB_STOP_WAIT_S overrides
+# the 120 s given here.
 runtime_env=$(python3 -c '
 import json, os
 names = ("RAYDG_STORAGE", "RAYDG_DATA_ROOT", "MLFLOW_TRACKING_URI", "RAYDG_MLFLOW_DB",
          "RAYDG_MLFLOW_BACKUPS")
+env = {name: os.environ[name] for name in names if name in os.environ}
+env["RAY_JOB_STOP_WAIT_TIME_S"] = os.environ.get("RAYDG_JOB_STOP_WAIT_S", "120")
 print(json.dumps({
     "working_dir": ".",
     "excludes": [".git", ".venv", "mlruns", "mlflow.db", "raydg-results", "__pycache__"],
-    "env_vars": {name: os.environ[name] for name in names if name in os.environ},
+    "env_vars": env,
 }))')
 # the command as a shell would read it, for jobs/submitted.tsv (Ray quotes the entrypoint's
 # words the same way, with shlex.join, before its shell reads them)

@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from raydg.config import RunConfig, Search, apply, extend_search, load_yaml, split_search
+from raydg.config import (
+    RunConfig,
+    Search,
+    apply,
+    extend_search,
+    load_yaml,
+    parse_search,
+    split_search,
+)
 from raydg.errors import RaydgError
 
 if TYPE_CHECKING:
@@ -110,13 +118,12 @@ def read_report(*, tracking_uri: str | None = None, experiment: str | Sequence[s
     (as the report names it: ``fedprox [mu=0.1]``), ``target``, ``seed``, ``mode`` (the
     reported one), ``selection``, ``accuracy`` (percent, at the ``selection``'s round) and
     ``steps`` (local steps per client). Reads the store only: no Ray, no engine."""
-    from mlflow import MlflowClient
-
     from raydg.reporting import runs as runs_mod
+    from raydg.tracking.store import reading_client
     from raydg.tracking.store import tracking_uri as store_uri
 
     experiments = [experiment] if isinstance(experiment, str) else list(experiment)
-    client = MlflowClient(store_uri(RunConfig(tracking_uri=tracking_uri)))
+    client = reading_client(store_uri(RunConfig(tracking_uri=tracking_uri)))
     runs = runs_mod.find_runs(client, experiments, dataset, methods, filter_string)
     out = [{"table": i + 1, **row} for i, t in enumerate(runs_mod.tables(runs, selection))
            for row in runs_mod.long_rows(t.runs, selection)]
@@ -134,10 +141,22 @@ def _config(config: str | Path | RunConfig | None) -> tuple[RunConfig, Search]:
     return apply(RunConfig(), values), search
 
 
+SEARCH_KEYS = ("grid", "random", "space", "samples", "seed")
+
+
 def _search(found: Search, given: Search | Mapping[str, Any] | None) -> Search:
+    """The file's search extended by ``given``, checked as a sweep file's is: a
+    :class:`Search`, or a mapping of a file's sections (``grid``, ``random``) or of its
+    fields (``grid``, ``space``, ``samples``, ``seed``)."""
     if given is None:
         return found
-    extra = given if isinstance(given, Search) else Search(**given)
+    values = dataclasses.asdict(given) if isinstance(given, Search) else dict(given)
+    unknown = sorted(set(values) - set(SEARCH_KEYS))
+    if unknown:
+        raise RaydgError(f"search takes the keys {', '.join(SEARCH_KEYS)}, not {unknown}")
+    random = values.get("random") or {k: values[k] for k in ("space", "samples", "seed")
+                                      if values.get(k)}
+    extra = parse_search(values.get("grid"), random or None)
     return dataclasses.replace(extend_search(found, extra.grid, "search"),
                                space={**found.space, **extra.space},
                                samples=found.samples + extra.samples)

@@ -90,6 +90,58 @@ def check_reachable(address: str) -> None:
         raise RaydgError(f"cannot reach the Ray cluster at {address}: {err}") from None
 
 
+TOKEN_PLACES = ("the cluster's token (ray get-auth-token on its head) in RAY_AUTH_TOKEN, the "
+                "file RAY_AUTH_TOKEN_PATH names or ~/.ray/auth_token")
+
+
+def check_cluster(address: str | None) -> None:
+    """Refuse a named ``host:port`` cluster that cannot be reached or joined, at once and in
+    one line (``auto`` and a fresh local Ray, None, are left to ``ray.init``)."""
+    if address and address != "auto":
+        check_reachable(address)
+        if not address.startswith("ray://"):  # a Ray Client server is no GCS
+            check_authorized(address)
+
+
+def check_authorized(address: str) -> None:
+    """Refuse a ``host:port`` cluster that does not accept this process's token, or lack of
+    one: ``ray.init`` would retry for 20 s and print each try. One request to the cluster's
+    GCS, which answers at once; any other failure is left to ``ray.init``."""
+    import grpc
+    from ray._private.authentication.grpc_authentication_client_interceptor import (
+        SyncAuthenticationMetadataClientInterceptor,
+    )
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    from ray.exceptions import AuthenticationError
+
+    target = address.split("://")[-1]
+    channel = grpc.intercept_channel(grpc.insecure_channel(target),
+                                     SyncAuthenticationMetadataClientInterceptor())
+    try:
+        gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+            gcs_service_pb2.GetClusterIdRequest(), timeout=CONNECT_TIMEOUT)
+    except AuthenticationError:  # RAY_AUTH_MODE=token, and no token here
+        raise RaydgError(f"cannot join the Ray cluster at {address}: RAY_AUTH_MODE=token but "
+                         f"no token is set here; put {TOKEN_PLACES}") from None
+    except grpc.RpcError as err:
+        if err.code() == grpc.StatusCode.UNAUTHENTICATED and token_mode():
+            raise RaydgError(f"cannot join the Ray cluster at {address}: it refused this "
+                             f"process's token; put {TOKEN_PLACES}") from None
+        if err.code() == grpc.StatusCode.UNAUTHENTICATED:
+            raise RaydgError(f"cannot join the Ray cluster at {address}: it uses token "
+                             f"authentication; set RAY_AUTH_MODE=token and put "
+                             f"{TOKEN_PLACES}") from None
+    finally:
+        channel.close()
+
+
+def token_mode() -> bool:
+    """Whether this process sends Ray a token (``RAY_AUTH_MODE=token``)."""
+    from ray._private.authentication.authentication_utils import is_token_auth_enabled
+
+    return is_token_auth_enabled()
+
+
 @contextlib.contextmanager
 def _outside_job(fresh: bool) -> Iterator[None]:
     """For a fresh local Ray (``fresh``) inside a Ray job (``raydg doctor`` from
@@ -120,8 +172,7 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None,
     processes raydg uses (:func:`lean`), or with ``cfg.dashboard`` all of
     Ray's and its dashboard, whose address goes to ``say``."""
     address = cluster_address(cfg)
-    if address and address != "auto":
-        check_reachable(address)
+    check_cluster(address)
     if ray.is_initialized():
         if any(p.file for p in shipped or ()):
             raise RaydgError("plugin files need a Ray that raydg starts or joins, to ship "

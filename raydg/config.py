@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from raydg.errors import RaydgError
+from raydg.errors import RaydgError, cut, quoted
+from raydg.seeding import check_seed
 
 
 @dataclass
@@ -134,7 +135,8 @@ def _coerce(key: str, value: Any) -> Any:
                 raise ValueError
             return dict(value)
     except (TypeError, ValueError):
-        raise RaydgError(f"config key {key!r}: cannot use {value!r} (expected {kind})") from None
+        raise RaydgError(f"config key {key!r}: cannot use {quoted(value)} (expected {kind})"
+                         ) from None
     return value
 
 
@@ -162,21 +164,93 @@ def apply(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
             changes[key] = _coerce(key, value)
         else:
             raise RaydgError(
-                f"unknown config key {raw!r}; valid keys: {', '.join(FIELDS)} "
+                f"unknown config key {quoted(raw)}; valid keys: {', '.join(FIELDS)} "
                 "(method settings: options.NAME, method_options.METHOD.NAME)"
             )
     return dataclasses.replace(cfg, **changes, options=options, method_options=by_method)
 
 
 def parse_sets(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """``["rounds=5", "options.mu=0.1"]`` -> ``{"rounds": 5, "options.mu": 0.1}`` (YAML values)."""
+    """``["rounds=5", "options.mu=0.1"]`` -> ``{"rounds": 5, "options.mu": 0.1}``: each value
+    parsed as a config file is (:func:`load_text`)."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key:
-            raise RaydgError(f"--set expects key=value, got {pair!r}")
-        out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
+            raise RaydgError(f"--set expects key=value, got {quoted(pair)}")
+        out[key.strip()] = load_text(raw, f"--set {cut(key.strip())}") if raw.strip() else None
     return out
+
+
+MAX_YAML_BYTES = 2**20  # a config document: a file or a --set value
+MAX_YAML_VALUES = 100_000  # the values of a document, each alias counted as what it repeats
+MAX_YAML_DEPTH = 50  # lists and mappings within each other
+
+
+class _Refused(yaml.YAMLError):
+    """A document beyond :class:`BoundedLoader`'s limits."""
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (plain data: no tag constructs an object) that refuses, while it
+    composes, a document nesting deeper than ``MAX_YAML_DEPTH`` or holding more than
+    ``MAX_YAML_VALUES`` values once its aliases are expanded: the "billion laughs" shape, a
+    few hundred bytes of aliases of aliases, is refused before anything expands it."""
+
+    def __init__(self, stream: str | bytes) -> None:
+        super().__init__(stream)
+        self.sizes: dict[yaml.Node, int] = {}  # values under each composed node, expanded
+        self.depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            anchor = self.peek_event().anchor
+            node = super().compose_node(parent, index)
+            if node not in self.sizes:
+                raise _Refused(f"alias *{cut(anchor)} refers to a value that holds it")
+            return node
+        self.depth += 1
+        if self.depth > MAX_YAML_DEPTH:
+            raise _Refused(f"nests lists and mappings deeper than the limit of {MAX_YAML_DEPTH} "
+                           "levels")
+        node = super().compose_node(parent, index)
+        self.depth -= 1
+        children = (node.value if isinstance(node, yaml.SequenceNode) else
+                    [n for pair in node.value for n in pair]
+                    if isinstance(node, yaml.MappingNode) else [])
+        self.sizes[node] = 1 + sum(self.sizes[child] for child in children)
+        if self.sizes[node] > MAX_YAML_VALUES:
+            raise _Refused(f"holds more than the limit of {MAX_YAML_VALUES:,} values once its "
+                           "aliases are expanded")
+        return node
+
+
+def _reason(err: yaml.YAMLError) -> str:
+    """What is wrong with a YAML document, in one short line."""
+    mark = getattr(err, "problem_mark", None)
+    if isinstance(err, yaml.MarkedYAMLError) and mark is not None:
+        what = ", ".join(filter(None, (err.context, err.problem)))
+        return f"{cut(what, 120)} (line {mark.line + 1}, column {mark.column + 1})"
+    return cut(str(err).split("\n")[0], 120)
+
+
+def load_text(text: str | bytes, where: str) -> Any:
+    """The YAML document ``text`` (a config file's bytes, a ``--set`` or ``--grid`` value)
+    as plain data, within the limits of :class:`BoundedLoader` and ``MAX_YAML_BYTES``;
+    ``where`` names it in errors."""
+    if len(text) > MAX_YAML_BYTES:
+        raise RaydgError(f"{where} is refused: it is larger than the limit of "
+                         f"{MAX_YAML_BYTES // 2**20} MiB for a config document")
+    try:
+        loader = BoundedLoader(text)  # reads the first bytes: an encoding error is raised here
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except _Refused as err:
+        raise RaydgError(f"{where} is refused: its YAML {err}") from None
+    except yaml.YAMLError as err:
+        raise RaydgError(f"{where} is not valid YAML: {_reason(err)}") from None
 
 
 def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
@@ -187,10 +261,8 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         raise RaydgError(f"config file {str(p)!r} does not exist")
     if p.resolve() in _seen:
         raise RaydgError(f"config file {str(p)!r} extends itself")
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise RaydgError(f"config file {str(p)!r} is not valid YAML: {err}") from None
+    with p.open("rb") as f:  # no more than the limit, however large the file
+        data = load_text(f.read(MAX_YAML_BYTES + 1), f"config file {str(p)!r}") or {}
     if not isinstance(data, dict):
         raise RaydgError(f"config file {str(p)!r} must hold a mapping of config keys")
     if "extends" not in data:
@@ -269,17 +341,19 @@ def _search_key(key: str) -> str:
     if key.startswith("options.") and len(key) > len("options."):
         return key
     if key not in FIELDS or key == "options":
-        raise RaydgError(f"unknown config key {key!r} in the search; valid keys: "
+        raise RaydgError(f"unknown config key {quoted(key)} in the search; valid keys: "
                          f"{', '.join(k for k in FIELDS if k not in EXPERIMENT_KEYS)} "
                          "and options.NAME")
     if key in EXPERIMENT_KEYS:
-        raise RaydgError(f"a search cannot vary {key!r}: it is fixed for the whole experiment")
+        raise RaydgError(f"a search cannot vary {quoted(key)}: it is fixed for the whole "
+                         "experiment")
     return key
 
 
 def _values(key: str, values: Any) -> list[Any]:
     if not isinstance(values, list) or not values:
-        raise RaydgError(f"search key {key!r} needs a non-empty list of values, got {values!r}")
+        raise RaydgError(f"search key {quoted(key)} needs a non-empty list of values, got "
+                         f"{quoted(values)}")
     return values
 
 
@@ -288,7 +362,8 @@ def _grid_values(key: str, values: Any) -> list[Any]:
     for value in _values(key, values):
         if isinstance(value, dict):
             if key not in value:
-                raise RaydgError(f"grid value {value!r} of {key!r} must set {key!r} itself")
+                raise RaydgError(f"grid value {quoted(value)} of {quoted(key)} must set "
+                                 f"{quoted(key)} itself")
             for k in value:
                 _search_key(k)
     return values
@@ -296,35 +371,37 @@ def _grid_values(key: str, values: Any) -> list[Any]:
 
 def _distribution(key: str, spec: Any) -> dict[str, list[Any]]:
     if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in DISTRIBUTIONS:
-        raise RaydgError(f"random search key {key!r} needs one of {', '.join(DISTRIBUTIONS)}, "
-                         f"e.g. {{loguniform: [0.001, 0.1]}}; got {spec!r}")
+        raise RaydgError(f"random search key {quoted(key)} needs one of "
+                         f"{', '.join(DISTRIBUTIONS)}, e.g. {{loguniform: [0.001, 0.1]}}; got "
+                         f"{quoted(spec)}")
     (kind, args), = spec.items()
     args = _values(key, args)
     if kind != "choice":
         numeric = all(isinstance(a, int | float) and not isinstance(a, bool) for a in args)
         if len(args) != 2 or not numeric or args[0] > args[1] or (
                 kind == "loguniform" and args[0] <= 0):
-            raise RaydgError(f"random search key {key!r}: {kind} needs [low, high] with "
+            raise RaydgError(f"random search key {quoted(key)}: {kind} needs [low, high] with "
                              f"low <= high{' and low > 0' if kind == 'loguniform' else ''}, "
-                             f"got {args!r}")
+                             f"got {quoted(args)}")
     return {kind: args}
 
 
 def parse_search(grid: Any = None, random: Any = None) -> Search:
     """A :class:`Search` from a config file's ``grid:`` and ``random:`` sections, checked."""
     if grid is not None and not isinstance(grid, dict):
-        raise RaydgError(f"'grid' must map config keys to lists of values, got {grid!r}")
+        raise RaydgError(f"'grid' must map config keys to lists of values, got {quoted(grid)}")
     search = Search(grid={_search_key(k): _grid_values(k, v) for k, v in (grid or {}).items()})
     if random is None:
         return search
     if not isinstance(random, dict) or set(random) - {"samples", "seed", "space"}:
         raise RaydgError("'random' takes the keys samples, seed and space, got "
-                         f"{random!r}")
+                         f"{quoted(random)}")
     samples, seed, space = random.get("samples"), random.get("seed", 0), random.get("space")
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
-        raise RaydgError(f"random.samples must be a positive integer, got {samples!r}")
+        raise RaydgError(f"random.samples must be a positive integer, got {quoted(samples)}")
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise RaydgError(f"random.seed must be an integer, got {seed!r}")
+        raise RaydgError(f"random.seed must be an integer, got {quoted(seed)}")
+    check_seed(seed, "random.seed")
     if not isinstance(space, dict) or not space:
         raise RaydgError("random.space must map config keys to distributions, e.g. "
                          "{lr: {loguniform: [0.001, 0.1]}}")
@@ -368,13 +445,10 @@ def parse_grid(pairs: tuple[str, ...] | list[str]) -> dict[str, list[Any]]:
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise RaydgError(f"--grid expects key=value1,value2,..., got {pair!r}")
+            raise RaydgError(f"--grid expects key=value1,value2,..., got {quoted(pair)}")
         raw = raw.strip()
-        try:
-            values = yaml.safe_load(raw if raw.startswith("[") else f"[{raw}]")
-        except yaml.YAMLError:
-            raise RaydgError(f"--grid {pair!r}: cannot parse the values") from None
-        grid[key.strip()] = values
+        grid[key.strip()] = load_text(raw if raw.startswith("[") else f"[{raw}]",
+                                      f"--grid {cut(key.strip())}")
     return parse_search(grid).grid
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from raydg import plugins
-from raydg.cluster import cluster_address, ray_session
+from raydg.cluster import check_cluster, cluster_address, ray_session
 from raydg.config import RunConfig, Search, setting_label, to_dict
 from raydg.datasets import DATASETS, MultiDomainDataset, load_dataset, resolve_root
 from raydg.datasets.cache import cache_root
@@ -45,6 +45,8 @@ from raydg.trials.storage import (
     write_manifest,
 )
 from raydg.trials.tuner import run_federations
+
+PROGRESS = ("lines", "live", "none")  # what run_experiment prints as it goes
 
 
 @dataclass
@@ -129,6 +131,8 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     MLflow parent run. ``progress``: ``lines`` (one per
     finished round), ``live`` (a board of the running federations, for a terminal) or
     ``none`` (tables and warnings only)."""
+    if progress not in PROGRESS:
+        raise RaydgError(f"progress must be one of {', '.join(PROGRESS)}, not {progress!r}")
     start = time.perf_counter()
     say = out if progress != "none" else (lambda _: None)
     manifest = read_manifest(resume) if resume else None
@@ -137,6 +141,9 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         cfg, search = RunConfig(**manifest["config"]), Search(**manifest["search"])
         cfg = dataclasses.replace(cfg, tracking_uri=moved or cfg.tracking_uri)
     cfg = dataclasses.replace(cfg, tracking_uri=tracking_uri(cfg))
+    check_cluster(cluster_address(cfg))  # before any work (ray_session checks it again)
+    if manifest is not None and "plugins" in manifest:  # older manifests did not record them
+        plugins.check_unchanged(cfg.plugins, manifest["plugins"])
     plan, data, weights = _prepare(cfg, search, resume, say, out)
     base = plan.config
     sources = len(data.domains) - 1
@@ -150,7 +157,8 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
                                 "experiment_dir": directory})
         if manifest is None:
             write_manifest(directory, {"run_id": tracker.run_id, "config": to_dict(cfg),
-                                       "search": dataclasses.asdict(plan.search)})
+                                       "search": dataclasses.asdict(plan.search),
+                                       "plugins": [p.origin for p in plan.plugins]})
             tracker.set_tag("raydg.experiment_dir", directory)
             for key, value in data.provenance.items():
                 tracker.set_tag(f"raydg.data.{key}", value)

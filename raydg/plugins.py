@@ -52,8 +52,7 @@ def load(given: list[str] | tuple[str, ...] = ()) -> list[Plugin]:
     """Import the entry-point plugins of the installed packages, then ``given`` (module names
     or ``.py`` files) in order; each once per process. Without any, nothing is imported (not
     even raydg's registries, which import torch)."""
-    found = [ep for group in GROUPS
-             for ep in sorted(entry_points(group=group), key=lambda e: e.name)]
+    found = _entry_points()
     if found or given:
         _built_ins()
     return list(dict.fromkeys([*map(_from_entry_point, found), *(_given(s) for s in given)]))
@@ -66,17 +65,35 @@ def _built_ins() -> None:
     import raydg.models  # noqa: F401
 
 
-def _from_entry_point(ep: Any) -> Plugin:
+def _entry_points() -> list[Any]:
+    return [ep for group in GROUPS for ep in sorted(entry_points(group=group),
+                                                    key=lambda e: e.name)]
+
+
+def _entry_point_origin(ep: Any) -> str:
     label = f"{ep.dist.name} {ep.dist.version}" if ep.dist else ep.value
-    return _import(ep.module, f"plugin {label} (entry point {ep.group}:{ep.name})")
+    return f"plugin {label} (entry point {ep.group}:{ep.name})"
+
+
+def _from_entry_point(ep: Any) -> Plugin:
+    return _import(ep.module, _entry_point_origin(ep))
+
+
+def _is_file(spec: str) -> bool:
+    return spec.endswith(".py") or os.sep in spec
+
+
+def _module_origin(spec: str) -> str:
+    dist = packages_distributions().get(spec.split(".")[0])
+    return f"plugin {spec}" + (f" ({dist[0]} {version(dist[0])})" if dist else "")
+
+
+def _file_origin(path: Path) -> str:
+    return f"plugin {path} (sha256 {hashlib.sha256(path.read_bytes()).hexdigest()[:12]})"
 
 
 def _given(spec: str) -> Plugin:
-    if spec.endswith(".py") or os.sep in spec:
-        return _file(Path(spec))
-    dist = packages_distributions().get(spec.split(".")[0])
-    label = f"{dist[0]} {version(dist[0])}" if dist else spec
-    return _import(spec, f"plugin {spec}" + (f" ({label})" if dist else ""))
+    return _file(Path(spec)) if _is_file(spec) else _import(spec, _module_origin(spec))
 
 
 def _file(path: Path) -> Plugin:
@@ -91,8 +108,7 @@ def _file(path: Path) -> Plugin:
         raise RaydgError(f"plugin {str(path)!r}: a module named {name!r} is already imported "
                          f"(from {getattr(loaded, '__file__', None) or 'built-in'}); rename "
                          "the file")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
-    origin = f"plugin {path} (sha256 {digest})"
+    origin = _file_origin(path)
     if loaded is None:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
@@ -117,6 +133,10 @@ def _run(load_module: Any, name: str, origin: str, shown: str) -> ModuleType:
     except RaydgError as err:
         sys.modules.pop(name, None)
         raise RaydgError(f"plugin {shown!r}: {err}") from None
+    except SystemExit as err:  # would end raydg silently, with the plugin's exit code
+        sys.modules.pop(name, None)
+        raise RaydgError(f"plugin {shown!r} calls sys.exit({err.code!r}) while it is "
+                         "imported: a plugin only registers entries") from None
     except ModuleNotFoundError as err:
         sys.modules.pop(name, None)
         what = "no module named" if err.name == name else "it imports a missing module"
@@ -169,6 +189,21 @@ def load_shipped() -> None:
         if name not in sys.modules:
             with registering_as(f"plugin {name}"):
                 importlib.import_module(name)
+
+
+def check_unchanged(given: list[str], recorded: list[str]) -> None:
+    """Refuse, before importing anything, to continue an experiment whose plugins are not
+    those it started with (``recorded``: their origins then, with each file's hash or
+    package's version; ``given``: the experiment's ``plugins``)."""
+    now = [*map(_entry_point_origin, _entry_points()),
+           *(_file_origin(Path(s).resolve()) if _is_file(s) and Path(s).is_file()
+             else _module_origin(s) for s in given)]
+    changed = sorted(set(recorded) - set(now))
+    if changed:
+        raise RaydgError(f"the experiment started with {changed[0]}, which is not here now "
+                         f"(now: {', '.join(now) or 'none'}): its federations would mix two "
+                         "versions of the plugin's code; put it back as it was, or start a new "
+                         "experiment")
 
 
 def tags(plugins: list[Plugin]) -> dict[str, str]:

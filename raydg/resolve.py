@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from raydg.config import NOT_RESULTS, RunConfig, Search, apply, setting_label, to_dict
 from raydg.datasets import DATASETS
 from raydg.errors import RaydgError
@@ -25,6 +27,7 @@ from raydg.models import MODELS, has_batchnorm, has_pretrained
 from raydg.partition import MIN_CLIENT_SAMPLES
 from raydg.plan import GLYPHS, IMAGENET, Federation, Plan, init_weights, targets
 from raydg.plugins import load
+from raydg.seeding import check_seed
 from raydg.transforms import TRANSFORMS
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -32,6 +35,7 @@ OPTIMIZERS = ("sgd", "adam")
 STORAGE_ENV = "RAYDG_STORAGE"
 DEFAULT_STORAGE = "raydg-results"
 PLACEMENTS = ("pack", "spread")
+CLIENT_BYTES = 2048  # a client's plan, shard and state without its images (measured: 1.4 KB)
 
 
 def _method_options(cfg: RunConfig, dataset: Mapping[str, Mapping[str, Any]]
@@ -137,6 +141,8 @@ def _check_federation(cfg: RunConfig) -> None:
            f"unknown target domain {cfg.target!r} for {spec.name}; "
            f"choose one of {', '.join(spec.domains)} or 'all'")
     _check(len(cfg.seeds) > 0, "at least one seed is needed")
+    for seed in cfg.seeds:
+        check_seed(seed)
     _check(cfg.clients is None or cfg.clients > 0, f"clients must be positive, got {cfg.clients}")
     _check(cfg.dirichlet is None or cfg.dirichlet > 0,
            f"--dirichlet alpha must be positive, got {cfg.dirichlet}")
@@ -145,6 +151,7 @@ def _check_federation(cfg: RunConfig) -> None:
            f"client_size must be at least {MIN_CLIENT_SAMPLES}, got {cfg.client_size}")
     _check(cfg.client_size is None or cfg.clients is not None,
            "--client-size needs --clients: the number of clients that draw samples")
+    _check_population(cfg)
     sources = len(spec.domains) - 1
     _check(cfg.clients is None or cfg.clients >= sources,
            f"--clients {cfg.clients} is fewer than the {sources} source domains")
@@ -157,6 +164,32 @@ def _check_federation(cfg: RunConfig) -> None:
         cfg.validate_clients.isdigit() and int(cfg.validate_clients) > 0),
            f"validate_clients must be all, sampled or a positive number of clients, got "
            f"{cfg.validate_clients!r}")
+
+
+def population_bytes(cfg: RunConfig) -> int:
+    """About the memory that planning and holding ``cfg``'s clients takes: each client's plan
+    and state, and the samples it draws (an index and an image each, 3 channels at most; a
+    split of the data among clients adds nothing to the data's own size)."""
+    per_sample = 8 + 3 * cfg.image_size**2
+    return (cfg.clients or 0) * (CLIENT_BYTES + (cfg.client_size or 0) * per_sample)
+
+
+def _check_population(cfg: RunConfig) -> None:
+    """Refuse a population whose clients this machine's available memory cannot hold,
+    before any of them is planned."""
+    need, have = population_bytes(cfg), psutil.virtual_memory().available
+    if need <= have:
+        return
+    size = f" x --client-size {cfg.client_size}" if cfg.client_size else ""
+    fit = have * cfg.clients // need
+    fewer = [f"at most {fit:,} clients"] if fit else []
+    smaller = ["a smaller --client-size"] if size else []
+    raise RaydgError(f"--clients {cfg.clients}{size} needs about {_gib(need)} of memory, more "
+                     f"than the {_gib(have)} available here: use {' or '.join(fewer + smaller)}")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB"
 
 
 def _check_choices(cfg: RunConfig) -> None:

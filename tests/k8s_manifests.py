@@ -40,7 +40,7 @@ CRDS = Path(__file__).resolve().parent / "data" / "kuberay"
 KUBERAY = "v1.7.0"  # the KubeRay release the schemas come from (tests/data/kuberay/README.md)
 SCHEMAS = {("ray.io/v1", "RayCluster"): "rayclusters", ("ray.io/v1", "RayJob"): "rayjobs"}
 PLAIN = {("v1", "ServiceAccount"), ("v1", "ConfigMap"), ("v1", "PersistentVolumeClaim"),
-         ("v1", "Service"), ("apps/v1", "Deployment")}
+         ("v1", "Service"), ("apps/v1", "Deployment"), ("networking.k8s.io/v1", "NetworkPolicy")}
 MANIFESTS = ("raycluster.yaml", "rayjob.yaml")
 QUANTITY = re.compile(r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
                       r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
@@ -294,7 +294,8 @@ def plain_errors(doc: dict, all_docs: list[dict]) -> list[str]:
     if (doc.get("apiVersion"), kind) not in PLAIN:
         return [f"unexpected object {doc.get('apiVersion')} {kind}"]
     errors = _check_meta(doc)
-    allowed = {"ServiceAccount": {"apiVersion", "kind", "metadata"},
+    allowed = {"ServiceAccount": {"apiVersion", "kind", "metadata",
+                                  "automountServiceAccountToken"},
                "ConfigMap": {"apiVersion", "kind", "metadata", "data"}}
     extra = set(doc) - allowed.get(kind, {"apiVersion", "kind", "metadata", "spec"})
     errors += [f"{kind}: unknown top-level field {k}" for k in extra]
@@ -306,6 +307,35 @@ def plain_errors(doc: dict, all_docs: list[dict]) -> list[str]:
         errors += _deployment_errors(spec)
     elif kind == "Service":
         errors += _service_errors(spec, all_docs)
+    elif kind == "NetworkPolicy":
+        errors += _network_policy_errors(spec, all_docs)
+    if kind == "ServiceAccount" and not isinstance(doc.get("automountServiceAccountToken",
+                                                           True), bool):
+        errors.append("ServiceAccount automountServiceAccountToken must be a boolean")
+    return errors
+
+
+def _network_policy_errors(spec: dict, all_docs: list[dict]) -> list[str]:
+    """A NetworkPolicy's spec: it selects a pod template here, its policy types and its
+    ingress peers (pod selectors with valid label selectors) and ports are valid."""
+    errors = [f"NetworkPolicy: unknown {k}" for k in set(spec) - {
+        "podSelector", "policyTypes", "ingress", "egress"}]
+    pods = [d["spec"]["template"] for d in all_docs if d["kind"] == "Deployment"]
+    wanted = spec.get("podSelector", {}).get("matchLabels", {})
+    if not wanted or not any(all(t["metadata"].get("labels", {}).get(k) == v
+                                 for k, v in wanted.items()) for t in pods):
+        errors.append("NetworkPolicy: its podSelector matches no pod template here")
+    if set(spec.get("policyTypes", [])) - {"Ingress", "Egress"}:
+        errors.append("NetworkPolicy policyTypes")
+    for rule in spec.get("ingress", []):
+        errors += [f"NetworkPolicy ingress: unknown {k}" for k in set(rule) - {"from", "ports"}]
+        for peer in rule.get("from", []):
+            for expression in peer.get("podSelector", {}).get("matchExpressions", []):
+                if expression.get("operator") not in ("In", "NotIn", "Exists", "DoesNotExist"):
+                    errors.append(f"NetworkPolicy matchExpressions operator {expression}")
+        for port in rule.get("ports", []):
+            if not isinstance(port.get("port"), int | str):
+                errors.append(f"NetworkPolicy port {port}")
     return errors
 
 

@@ -110,3 +110,22 @@ def test_ctrl_c_stops_the_experiment_and_leaves_no_ray_process(tmp_path):
     assert answer["run_id"] == json.loads((Path(folder) / "raydg.json").read_text())["run_id"]
     last = [r for r in answer["rows"] if r["selection"] == "last"]
     assert [(r["target"], r["seed"], r["round"]) for r in last] == [("sketch", 0, 30)]
+
+
+def test_a_bad_search_or_progress_is_one_error_before_anything_runs():
+    """The API checks a search as a sweep file's is (a string is not a list of values) and
+    names the progress modes; nothing starts."""
+    import pytest
+
+    from raydg.errors import RaydgError
+
+    bad = {"search": {"grid": {"lr": "abc"}}, "progress": "bogus"}
+    with pytest.raises(RaydgError, match=r"search key 'lr' needs a non-empty list of values, "
+                                         r"got 'abc'"):
+        raydg.run("digits-style", search=bad["search"])
+    with pytest.raises(RaydgError, match="search takes the keys grid, random, space, samples, "
+                                         "seed, not"):
+        raydg.run("digits-style", search={"grids": {"lr": [0.1]}})
+    with pytest.raises(RaydgError, match="progress must be one of lines, live, none, not "
+                                         "'bogus'"):
+        raydg.run("digits-style", progress=bad["progress"])

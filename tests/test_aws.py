@@ -44,6 +44,30 @@ def test_the_head_policy_covers_every_ec2_call_of_rays_aws_node_provider():
     assert "ec2:RunInstances" not in _actions(_policy("worker"))
 
 
+def test_the_head_changes_only_this_clusters_instances_and_tags_only_what_it_launches():
+    """Least privilege: every head statement that tags, stops or terminates instances holds a
+    condition, either the cluster's own tag (ray-cluster-name) or, for tags, the launch
+    itself (ec2:CreateAction RunInstances): the head cannot tag another instance of the
+    account into its cluster and then terminate it. The unconditional CreateTags of before
+    2026-11-29 fails this."""
+    allowed = {("ec2:ResourceTag/ray-cluster-name", "CLUSTER"),
+               ("ec2:CreateAction", "RunInstances")}
+    head = _policy("head")
+    old = {"Statement": [{**s, "Action": [*s["Action"], "ec2:CreateTags"]}
+                         if s.get("Sid") == "AutoscalerReadsAndLaunches" else s
+                         for s in head["Statement"]]}
+    for policy, loose in ((head, []), (old, ["AutoscalerReadsAndLaunches"])):
+        assert [s.get("Sid") for s in policy["Statement"] if s["Effect"] == "Allow"
+                and _actions({"Statement": [s]}) & {
+                    "ec2:CreateTags", "ec2:TerminateInstances", "ec2:StopInstances",
+                    "ec2:StartInstances"}
+                and not set(s.get("Condition", {}).get("StringEquals", {}).items()) & allowed
+                ] == loose
+    tagging = [s["Condition"]["StringEquals"] for s in head["Statement"]
+               if "ec2:CreateTags" in _actions({"Statement": [s]})]
+    assert sorted(str(c) for c in tagging) == sorted(str(dict([a])) for a in allowed)
+
+
 def test_create_iam_makes_both_profiles_then_only_updates_them(tmp_path):
     env = stand_ins(tmp_path, "aws")
     env["ANSWER_sts_get_caller_identity"] = "111122223333"

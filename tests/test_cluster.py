@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -122,7 +123,7 @@ def _check_the_runs_and_their_backup(db: Path, bucket: Path, restored: Path) -> 
         (False, "FINISHED"), (True, "FINISHED")]
     child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
     assert [m.step for m in client.get_metric_history(child.info.run_id, "val_acc")] == [1]
-    restore(str(bucket), restored)
+    assert restore(str(bucket), restored)[1] == []
     again = MlflowClient(f"sqlite:///{restored}")
     assert len(again.search_runs([again.get_experiment_by_name("cluster smoke").experiment_id
                                   ])) == 2
@@ -167,3 +168,148 @@ def test_jobs_submitted_to_a_local_head_log_to_mlflow_back_it_up_and_pass_the_sm
     assert "doctor: OK" in checked.stderr and "GPUs torch sees: 0" in checked.stderr
     ids = [line.split("\t")[0] for line in (tmp_path / "jobs.tsv").read_text().splitlines()]
     assert len(ids) == 2 and ids[0] in job.stdout and ids[1] in checked.stdout
+
+
+def _as_here(command: str, ports: dict[str, int], temp_dir: str, head: bool) -> str:
+    """A ``ray start`` line of cluster.yaml as this machine runs it: its ports free ones (two
+    nodes share one machine here), the launcher-made autoscaling config dropped, the head's
+    address (which the launcher exports as RAY_HEAD_IP) and the file limit this machine allows,
+    and ``--block`` with a temp dir of the test's own, so that the test can end it."""
+    port = ports["port"]
+    command = (command.replace("--port=6379", f"--port={port}")
+               .replace("$RAY_HEAD_IP:6379", f"127.0.0.1:{port}")
+               .replace("--autoscaling-config=~/ray_bootstrap_config.yaml", "")
+               .replace("ulimit -n 65536", "ulimit -n $(ulimit -Hn)")
+               .replace("--object-manager-port=8076", f"--object-manager-port="
+                                                       f"{ports['object' + '-head' * head]}"))
+    own = ([f"--dashboard-port={ports['dashboard']}", f"--ray-client-server-port="
+            f"{ports['client']}"] if head else [f"--node-manager-port={ports['manager']}"])
+    agent = ports["agent" + "-head" * head]
+    return " ".join([command, "--block", "--num-cpus=1", f"--temp-dir={temp_dir}",
+                     f"--dashboard-agent-listen-port={agent}", *own])
+
+
+def _start_lines(key: str) -> list[str]:
+    """cluster.yaml's start commands of ``key`` that start Ray: never its ``ray stop`` (which
+    would end every Ray of this machine), nor the head's MLflow server (its own test:
+    test_aws.py)."""
+    lines = yaml.safe_load((ROOT / "cluster.yaml").read_text())[key]
+    return [line for line in lines if "ray start" in line]
+
+
+def test_a_cluster_started_by_cluster_yaml_takes_only_what_carries_its_token(tmp_path):
+    """Head and worker started with cluster.yaml's own start commands, in an empty home that
+    holds only what `ray up` puts on a node (the repository, the venv, the token that
+    file_mounts copies): the worker joins, a job with the token runs, and a job request or a
+    driver without it is refused."""
+    import requests
+
+    home, bare = tmp_path / "home", tmp_path / "bare"
+    (home / ".ray").mkdir(parents=True)
+    bare.mkdir()
+    (home / "raydg").symlink_to(ROOT)
+    (home / "venv").mkdir()
+    (home / "venv" / "bin").symlink_to(BIN)
+    (home / ".ray" / "auth_token").write_text("raydg-test-token-" + "0" * 32)
+    names = ("port", "dashboard", "client", "agent-head", "object-head", "agent", "object",
+             "manager")
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
+    temp_dir = tempfile.mkdtemp(prefix="raydg-tok-", dir="/tmp")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RAYDG_"))}
+    node_env = {**env, "HOME": str(home), "RAY_HEAD_IP": "127.0.0.1"}
+    nodes = []
+    try:
+        for key, head in (("head_start_ray_commands", True), ("worker_start_ray_commands",
+                                                               False)):
+            (line,) = _start_lines(key)
+            nodes.append(subprocess.Popen(
+                ["bash", "-c", _as_here(line, ports, temp_dir, head)], env=node_env,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True))
+            wait_for_head(nodes[-1])
+        address, jobs = f"127.0.0.1:{ports['port']}", f"http://127.0.0.1:{ports['dashboard']}"
+        count = (f"import ray; ray.init(address='{address}', logging_level='ERROR'); "
+                 "print(sum(n['Alive'] for n in ray.nodes()))")
+        with_token = {**env, "HOME": str(home), "RAY_AUTH_MODE": "token"}
+        joined = subprocess.run([sys.executable, "-c", count], env=with_token,
+                                capture_output=True, text=True, timeout=120)
+        job = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", jobs, "--",
+                              "echo", "the-job-ran"], env=with_token, capture_output=True,
+                             text=True, timeout=180)
+        anonymous = requests.get(f"{jobs}/api/jobs/", timeout=30)
+        driver = subprocess.run([sys.executable, "-c", count], env={**env, "HOME": str(bare)},
+                                capture_output=True, text=True, timeout=180)
+    finally:
+        for node in reversed(nodes):
+            os.killpg(node.pid, signal.SIGTERM)
+            node.wait(timeout=60)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    ran = [line for line in job.stdout.splitlines() if "the-job-ran" in line]
+    print(f"worker joined: {joined.stdout.strip()} nodes alive; job with the token: {ran}; "
+          f"request without it: HTTP {anonymous.status_code}; driver without it: exit "
+          f"{driver.returncode}, {(driver.stderr.strip().splitlines() or [''])[-1][:160]}")
+    assert joined.returncode == 0 and joined.stdout.strip() == "2", joined.stderr[-2000:]
+    assert job.returncode == 0 and "the-job-ran" in job.stdout, job.stdout + job.stderr
+    assert anonymous.status_code == 401
+    assert driver.returncode != 0 and driver.stdout.strip() == ""
+
+
+def test_ray_job_stop_leaves_killed_runs_with_their_rounds_and_a_backup(tmp_path):
+    """``ray job stop`` on a running jobs/submit.sh job: Ray's SIGTERM reaches raydg, which
+    ends its runs KILLED with the rounds so far, and the job then backs up the store (the
+    grace jobs/submit.sh gives it: Ray's default 3 s would SIGKILL both)."""
+    temp_dir = tempfile.mkdtemp(prefix="raydg-stop-", dir="/tmp")
+    path = f"{BIN}{os.pathsep}{os.environ['PATH']}"
+    head, dashboard = _start_head(temp_dir, path)
+    db, bucket = tmp_path / "mlflow.db", tmp_path / "bucket"
+    address = f"http://127.0.0.1:{dashboard}"
+    env = {**os.environ, "PATH": path, "RAYDG_STORAGE": str(tmp_path / "results"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{db}", "RAYDG_MLFLOW_DB": str(db),
+           "RAYDG_MLFLOW_BACKUPS": str(bucket), "RAYDG_JOBS_LOG": str(tmp_path / "jobs.tsv"),
+           "RAY_AUTH_MODE": "token"}
+    env.pop("RAY_ADDRESS", None)
+    try:
+        job_id = subprocess.run(
+            [str(ROOT / "jobs" / "submit.sh"), "run", "digits-style", "--target", "sketch",
+             "--rounds", "500", "--local-steps", "2", "--experiment", "stopped", "--address",
+             address], env=env, capture_output=True, text=True, timeout=120,
+            check=True).stdout.strip()
+        logs = subprocess.Popen([str(BIN / "ray"), "job", "logs", "--address", address,
+                                 "--follow", job_id], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        seen = [line for line in _until(logs.stdout, "] round 3/500")]
+        stop = subprocess.run([str(BIN / "ray"), "job", "stop", "--address", address, job_id],
+                              env=env, capture_output=True, text=True, timeout=300)
+        status = subprocess.run([str(BIN / "ray"), "job", "status", "--address", address,
+                                 job_id], env=env, capture_output=True, text=True, timeout=60)
+        logs.wait(timeout=60)
+        tail = logs.stdout.read()
+    finally:
+        head.terminate()
+        head.wait(timeout=60)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert any("round 3/500" in line for line in seen), "".join(seen)[-2000:]
+    assert stop.returncode == 0 and "was stopped" in status.stdout, stop.stderr
+    client = MlflowClient(f"sqlite:///{db}")
+    runs = client.search_runs([client.get_experiment_by_name("stopped").experiment_id])
+    assert sorted(r.info.status for r in runs) == ["KILLED", "KILLED"], tail[-3000:]
+    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    rounds = [m.step for m in client.get_metric_history(child.info.run_id, "val_acc")]
+    assert rounds[:3] == [1, 2, 3] and rounds[-1] < 500
+    restored = tmp_path / "restored.db"
+    found, skipped = restore(str(bucket), restored)
+    assert found, "the job made no backup: it was killed before the backup ran"
+    again = MlflowClient(f"sqlite:///{restored}")
+    kept = again.search_runs([again.get_experiment_by_name("stopped").experiment_id])
+    print(f"ray job stop: {[r.info.status for r in runs]}, rounds logged {rounds[-1]}, "
+          f"backup {Path(found).name} restored with {len(kept)} runs")
+    assert not skipped and sorted(r.info.status for r in kept) == ["KILLED", "KILLED"]
+    assert len(again.get_metric_history(child.info.run_id, "val_acc")) == len(rounds)
+
+
+def _until(lines, marker: str):
+    """The lines of a stream up to the first that holds ``marker`` (all, if none does)."""
+    for line in lines:
+        yield line
+        if marker in line:
+            return

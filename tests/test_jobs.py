@@ -70,7 +70,8 @@ def test_submit_passes_arguments_exactly_and_records_the_job(tmp_path):
     sent = submit["env"]
     assert (sent["RAY_AUTH_TOKEN"], sent["RAY_AUTH_MODE"]) == ("0123abcd", "token")
     runtime_env = json.loads(argv[argv.index("--runtime-env-json") + 1])
-    assert runtime_env["env_vars"] == {"RAYDG_MLFLOW_BACKUPS": "s3://b/backups"}  # set here
+    assert runtime_env["env_vars"] == {"RAYDG_MLFLOW_BACKUPS": "s3://b/backups",  # set here
+                                       "RAY_JOB_STOP_WAIT_TIME_S": "120"}  # the stop's grace
     # Ray quotes the words after "--" with shlex.join and runs them with a shell in the
     # working dir (ray/dashboard/modules/job/cli.py)
     entrypoint = shlex.join(argv[argv.index("--") + 1:])
@@ -157,3 +158,18 @@ def test_smoke_refuses_a_node_type_without_its_marker(tmp_path):
                {**stand_ins(tmp_path, "ray"), "RAYDG_DRY_RUN": "1"})
     assert done.returncode != 0 and "node type gpu has no raydg-node-TYPE resource" in done.stderr
     assert not done.stdout
+
+
+def test_token_makes_the_clusters_token_once_and_points_the_job_client_at_it(tmp_path):
+    """Before the first ``ray up``: a token made here (mode 600), which cluster.yaml mounts on
+    every node; later calls keep it, so every ``ray up`` gives the nodes the same one."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    first = run([str(ROOT / "jobs/token.sh")], env, cwd=ROOT)
+    token = tmp_path / ".ray" / "raydg-raydg.token"
+    assert first.returncode == 0 and first.stdout == f"export RAY_AUTH_TOKEN_PATH={token}\n"
+    made = token.read_text()
+    assert len(made) == 64 and stat.S_IMODE(token.stat().st_mode) == 0o600
+    again = run([str(ROOT / "jobs/token.sh")], env, cwd=ROOT)
+    assert again.stdout == first.stdout and token.read_text() == made and not again.stderr
+    mounts = yaml.safe_load((ROOT / "cluster.yaml").read_text())["file_mounts"]
+    assert mounts["~/.ray/auth_token"] == "~/.ray/raydg-raydg.token"

@@ -5,6 +5,7 @@ cluster, GPU groups from zero). That they are valid Kubernetes objects: test_k8s
 
 from __future__ import annotations
 
+import copy
 import re
 import shutil
 import subprocess
@@ -245,3 +246,56 @@ def test_rayjob_runs_raydg_on_the_raycluster():
     context = command.make_context(words[3], words[4:])  # parses; runs nothing
     assert context.params["dataset"] in DATASETS.names()
     assert context.params["method"] in METHODS.names()
+
+
+def role_problems(all_docs: list[dict]) -> list[str]:
+    """Least privilege on Kubernetes: the head, the workers and the MLflow server each run
+    under a ServiceAccount of their own (KubeRay binds the autoscaler's rights to create and
+    delete pods to the head's: another role sharing it would share them), only the head's
+    mounts an API token, and a NetworkPolicy lets only Ray pods reach the MLflow server."""
+    accounts = {d["metadata"]["name"]: d for d in all_docs if d["kind"] == "ServiceAccount"}
+    roles: dict[str, set[str]] = {"head": set(), "worker": set(), "mlflow": set()}
+    for doc in all_docs:
+        if doc["kind"] == "RayCluster":
+            roles["head"].add(doc["spec"]["headGroupSpec"]["template"]["spec"][
+                "serviceAccountName"])
+            roles["worker"] |= {g["template"]["spec"].get("serviceAccountName", "default")
+                                for g in doc["spec"].get("workerGroupSpecs", [])}
+        elif doc["kind"] == "Deployment":
+            roles["mlflow"].add(doc["spec"]["template"]["spec"].get("serviceAccountName",
+                                                                    "default"))
+    problems = [f"{a} and {b} share a ServiceAccount" for a, b in
+                (("head", "worker"), ("head", "mlflow"), ("worker", "mlflow"))
+                if roles[a] & roles[b]]
+    problems += [f"{role}'s ServiceAccount {name} mounts an API token" for role in
+                 ("worker", "mlflow") for name in roles[role]
+                 if accounts.get(name, {}).get("automountServiceAccountToken", True)]
+    policies = [d["spec"] for d in all_docs if d["kind"] == "NetworkPolicy"
+                and d["spec"]["podSelector"].get("matchLabels", {}).get(
+                    "app.kubernetes.io/name") == "raydg-mlflow"]
+    peers = [peer for p in policies for rule in p.get("ingress", [])
+             for peer in rule.get("from", [])]
+    if not (policies and peers and all(
+            peer.get("podSelector", {}).get("matchExpressions") == [
+                {"key": "ray.io/cluster", "operator": "Exists"}] for peer in peers)):
+        problems.append("no NetworkPolicy lets only Ray pods reach the MLflow server")
+    return problems
+
+
+def test_each_role_has_only_its_rights_and_mlflow_answers_only_ray_pods():
+    cluster = load("raycluster.yaml")
+    assert role_problems(cluster) == []
+    old = [d for d in copy.deepcopy(cluster) if d["kind"] != "NetworkPolicy"]
+    for doc in old:  # before 2026-11-29: one ServiceAccount, raydg, for every pod
+        for node in (doc.get("spec", {}).get("template", {}).get("spec", {}),
+                     *(g["template"]["spec"] for g in [
+                         doc.get("spec", {}).get("headGroupSpec", {"template": {"spec": {}}}),
+                         *doc.get("spec", {}).get("workerGroupSpecs", [])])):
+            if "serviceAccountName" in node:
+                node["serviceAccountName"] = "raydg"
+    assert role_problems(old) == [
+        "head and worker share a ServiceAccount", "head and mlflow share a ServiceAccount",
+        "worker and mlflow share a ServiceAccount",
+        "worker's ServiceAccount raydg mounts an API token",
+        "mlflow's ServiceAccount raydg mounts an API token",
+        "no NetworkPolicy lets only Ray pods reach the MLflow server"]

@@ -60,6 +60,8 @@ def forget():
     ("import math\nmath.sqrt(-1)\n", "fails to import: ValueError: math domain error (bad.py, "
                                      "line 2)"),
     (CLASH.format(name="fedavg"), "method 'fedavg' is already registered (built-in)"),
+    ("import sys\nsys.exit(0)\n", "calls sys.exit(0) while it is imported: a plugin only "
+                                  "registers entries"),
 ])
 def test_a_broken_plugin_is_one_line_exit_2_and_leaves_nothing(tmp_path, text, message, forget):
     bad = tmp_path / "bad.py"
@@ -251,3 +253,23 @@ def test_a_method_that_fails_shows_its_traceback_once_and_no_ray_log(tmp_path):
             "the experiment stops") in done.stdout.splitlines()
     assert not re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+(INFO|WARNING|ERROR)",
                          done.stdout + done.stderr, re.MULTILINE)
+
+
+def test_a_plugin_file_edited_before_resume_is_refused(tmp_path, forget):
+    """The experiment records its plugins' origins (file and hash) in its manifest; resuming
+    it with the file changed is one line, before the file is imported or Ray started."""
+    from raydg.config import RunConfig, to_dict
+    from raydg.experiment import run_experiment
+    from raydg.trials.storage import write_manifest
+
+    plugin = tmp_path / "other_l2r.py"
+    plugin.write_text(L2R.read_text().replace('"l2r"', '"other-l2r"'))
+    cfg = RunConfig(dataset="digits-rot", method="other-l2r", plugins=[str(plugin)])
+    (loaded,) = plugins.load(cfg.plugins)
+    write_manifest(str(tmp_path / "exp"), {"run_id": "0" * 32, "config": to_dict(cfg),
+                                           "search": {}, "plugins": [loaded.origin]})
+    plugin.write_text(plugin.read_text() + "\nraise SystemExit('the new code ran')\n")
+    with pytest.raises(RaydgError, match=r"the experiment started with plugin .*other_l2r.py "
+                                         r"\(sha256 \w+\), which is not here now"):
+        run_experiment(RunConfig(), out=lambda _: None, progress="none",
+                       resume=str(tmp_path / "exp"))

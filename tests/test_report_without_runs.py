@@ -5,6 +5,8 @@ blocks. On a store written by real runs: test_report.py."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +128,59 @@ def test_report_creates_no_store_and_prints_a_papers_table_without_runs(tmp_path
     assert fedavg == ["fedavg", "82.60", "98.56", "98.97", "93.66", "95.78", "86.30", "92.65"]
     assert "no runs match: the published numbers alone" in paper.stderr
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_a_store_that_is_not_mlflows_is_one_line_and_never_written(tmp_path):
+    """report only reads: a SQLite file of someone else's keeps its bytes (MLflow would add its
+    tables), a file that is no database and a store of another MLflow schema are one line each,
+    exit 2, the last saying how to upgrade."""
+    import sqlite3
+
+    plain = tmp_path / "plain.db"
+    with sqlite3.connect(plain) as db:
+        db.execute("CREATE TABLE mine (x)")
+    before = plain.read_bytes()
+    (tmp_path / "notes.txt").write_text("not a database\n" * 50)
+    old = tmp_path / "old.db"
+    subprocess.run([sys.executable, "-c", "import sys, mlflow; mlflow.MlflowClient(sys.argv[1])"
+                    ".search_experiments()", f"sqlite:///{old}"], check=True)  # not cached here
+    with sqlite3.connect(old) as db:
+        db.execute("UPDATE alembic_version SET version_num = '0584bdc529eb'")
+    cases = {plain: "not an MLflow SQLite store: it has no alembic_version or runs table",
+             tmp_path / "notes.txt": "not an MLflow SQLite store: file is not a database",
+             old: "has the schema of another MLflow version (0584bdc529eb"}
+    for path, said in cases.items():
+        result = CliRunner().invoke(cli, ["report", "--tracking-uri", f"sqlite:///{path}"])
+        assert result.exit_code == 2 and said in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+    assert "mlflow db upgrade sqlite:///" in result.output
+    assert plain.read_bytes() == before
+
+
+def test_several_stores_are_read_as_one(tmp_path):
+    """A store per Slurm job: a report over two stores (two flags, or one SQLite glob) has the
+    runs of both in one table, the seeds of one beside the other's; --ledger, which reads one
+    store's artifacts, is refused."""
+    stores = tmp_path / "mlflow-stores"
+    for seed in (0, 1):
+        client = MlflowClient(f"sqlite:///{stores}/mlflow-{seed}.db")
+        exp = client.create_experiment("slurm")  # the same name, another id in each store
+        run = client.create_run(exp, tags={"raydg.target": "M0", "raydg.method": "fedavg",
+                                           "raydg.seed": str(seed), "raydg.dataset": "digits-rot",
+                                           UNIT_TAG: "percent"})
+        client.log_param(run.info.run_id, "dataset", "digits-rot")
+        client.log_metric(run.info.run_id, "final/target_acc_selected/global", 50.0 + 10 * seed)
+        client.log_metric(run.info.run_id, "val_acc", 40.0 + seed, step=1)
+        client.set_terminated(run.info.run_id)
+    both = [["--tracking-uri", f"sqlite:///{stores}/mlflow-{s}.db"] for s in (0, 1)]
+    for args in ([*both[0], *both[1]], ["--tracking-uri", f"sqlite:///{stores}/*.db"]):
+        result = CliRunner().invoke(cli, ["report", *args, "--experiment", "slurm",
+                                          "--format", "json", "--per-round", "val_acc"])
+        assert result.exit_code == 0, result.output
+        rows = json.loads(result.stdout)
+        assert rows[0]["seeds"] == 2 and rows[0]["M0"] == pytest.approx(55.0)
+        assert rows[1]["round 1"] == pytest.approx(40.5)  # each run's history from its store
+    ledger = CliRunner().invoke(cli, ["report", *both[0], *both[1], "--ledger"])
+    assert ledger.exit_code == 2 and "--ledger reads one store's artifacts" in ledger.output
+    none = CliRunner().invoke(cli, ["report", "--tracking-uri", f"sqlite:///{stores}/x*.db"])
+    assert none.exit_code == 1 and "no MLflow store matches" in none.output

@@ -166,6 +166,14 @@ def test_the_papers_cited_rows_are_printed_as_published_and_checked():
     assert "| CrossGrad | 86.03 | 98.90 | 92.50 |" in text.split("## The paper's cited rows")[1]
     with pytest.raises(RaydgError, match="optionally cited"):
         paper_numbers({"paper": {**paper, "cited": {"CrossGrad": {"M0": "high"}}}}, "p.yaml")
+    for empty in ({}, {"fedavg": {}}):  # nothing to print beside the runs: refused
+        with pytest.raises(RaydgError, match="with at least one number"):
+            paper_numbers({"paper": {**paper, "accuracy": empty}}, "p.yaml")
+    with pytest.raises(RaydgError, match=r"p.yaml: the paper's columns \['M15', 'M99'\] are "
+                                         r"not domains of digits-rot \(M0, M30\)"):
+        paper_numbers({"dataset": "digits-rot", "paper": {
+            **paper, "accuracy": {"fedavg": {"M0": 1.0, "M15": 2.0, "M99": 3.0}}}},
+            "p.yaml", ("M0", "M30"))
 
 
 def test_an_ablation_is_compared_with_the_protocol_on_its_own_seeds():

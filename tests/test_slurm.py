@@ -140,7 +140,8 @@ def test_sbatch_script_runs_raydg_on_a_one_node_job_and_stops_its_ray(tmp_path):
     assert not left, f"Ray processes left running: {left}"
     head, = (c for c in (tmp_path / "srun.log").read_text().splitlines() if "--head" in c)
     assert "--num-cpus=2 --num-gpus=0" in head and "--block" in head
-    uri = f"sqlite:///{shared / 'mlflow.db'}"  # beside the results, on the "shared" folder
+    # beside the results, on the "shared" folder, a store of this job's own
+    uri = f"sqlite:///{shared / 'mlflow-stores' / 'mlflow-4242.db'}"
     assert f"MLflow store {uri}" in job.stderr
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("slurm smoke")  # the space survived

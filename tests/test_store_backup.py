@@ -40,22 +40,47 @@ def test_the_newest_of_the_kept_backups_restores_the_runs_it_held(tmp_path):
     with gzip.open(written[-1]) as f:
         assert f.read(16) == b"SQLite format 3\x00"
     restored = tmp_path / "new-head" / "mlflow.db"
-    assert restore(str(bucket), restored) == written[-1]
+    assert restore(str(bucket), restored) == (written[-1], [])
     assert _runs(restored) == {"run0": 0.0, "run1": 0.1, "run2": 0.2}
 
 
 def test_restore_replaces_nothing_and_leaves_nothing_half_done(tmp_path):
     db, bucket = tmp_path / "mlflow.db", tmp_path / "bucket"
-    assert restore(str(bucket), db) is None and not db.exists()  # a first start: no backup yet
+    assert restore(str(bucket), db) == (None, []) and not db.exists()  # a first start
     _log(db, "run", 0.5)
     backup(db, str(bucket))
     with pytest.raises(RaydgError, match="exists"):
         restore(str(bucket), db)
-    (bucket / "mlflow-29990101T000000.000000Z.db.gz").write_bytes(gzip.compress(b"not sqlite"))
-    target = tmp_path / "other" / "mlflow.db"
-    with pytest.raises(RaydgError, match="not an MLflow SQLite store"):
-        restore(str(bucket), target)  # the newest backup is broken: refused, no file left
-    assert list(target.parent.iterdir()) == []
+    only_bad, target = tmp_path / "only-bad", tmp_path / "other" / "mlflow.db"
+    only_bad.mkdir()
+    only_bad.joinpath("mlflow-29990101T000000.000000Z.db.gz").write_bytes(gzip.compress(b"x"))
+    with pytest.raises(RaydgError, match=r"none of the 1 backups .* is sound; the newest: .*"
+                                          r"not an MLflow SQLite store"):
+        restore(str(only_bad), target)
+    assert list(target.parent.iterdir()) == []  # nothing half-restored
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random bytes", "not gzip", "not sqlite"])
+def test_a_damaged_newest_backup_is_skipped_for_the_newest_sound_one(tmp_path, damage):
+    """A truncated newest backup (a cut upload) beside an older good one: the good one is
+    restored and the bad one named; one damaged backup alone is one line."""
+    db, bucket = tmp_path / "mlflow.db", tmp_path / "bucket"
+    _log(db, "run", 0.5)
+    good = backup(db, str(bucket))
+    whole = Path(good).read_bytes()
+    newest = bucket / "mlflow-29990101T000000.000000Z.db.gz"
+    newest.write_bytes({"truncated": whole[: len(whole) // 2],
+                        "random bytes": gzip.compress(bytes(range(256)) * 64),
+                        "not gzip": bytes(range(256)) * 8,
+                        "not sqlite": gzip.compress(b"hello")}[damage])
+    target = tmp_path / "new" / "mlflow.db"
+    found, skipped = restore(str(bucket), target)
+    assert found == good and _runs(target) == {"run": 0.5}
+    assert len(skipped) == 1 and str(newest) in skipped[0]
+    Path(good).unlink()
+    with pytest.raises(RaydgError, match=r"none of the 1 backups") as err:
+        restore(str(bucket), tmp_path / "again" / "mlflow.db")
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
 
 
 def test_backup_refuses_what_is_not_a_store(tmp_path):
@@ -64,3 +89,37 @@ def test_backup_refuses_what_is_not_a_store(tmp_path):
     (tmp_path / "x.db").write_text("hello")
     with pytest.raises(RaydgError, match="not an MLflow SQLite store"):
         backup(tmp_path / "x.db", str(tmp_path / "b"))
+
+
+def test_backup_to_a_destination_that_cannot_be_made_is_one_line(tmp_path):
+    db = tmp_path / "mlflow.db"
+    _log(db, "run", 0.5)
+    (tmp_path / "afile").write_text("x")
+    for destination in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        with pytest.raises(RaydgError, match="cannot write a backup to"):
+            backup(db, str(destination))
+
+
+def test_the_store_commands_say_a_bad_backup_in_one_line(tmp_path):
+    """``raydg store restore``: a damaged newest backup beside a sound one is named in one
+    warning and the sound one restored; only damaged ones is one error line, exit 2; ``raydg
+    store backup`` to a file is one line too."""
+    from click.testing import CliRunner
+
+    from raydg.cli import cli
+
+    db, bucket = tmp_path / "mlflow.db", tmp_path / "bucket"
+    _log(db, "run", 0.5)
+    good = backup(db, str(bucket))
+    bad = bucket / "mlflow-29990101T000000.000000Z.db.gz"
+    bad.write_bytes(Path(good).read_bytes()[:100])  # a cut upload
+    restored = CliRunner().invoke(cli, ["store", "restore", str(bucket), str(tmp_path / "a.db")])
+    assert restored.exit_code == 0, restored.output
+    assert restored.stderr.count("\n") == 1 and f"skipped {bad}" in restored.stderr
+    assert restored.stdout.strip() == f"restored {tmp_path / 'a.db'} from {good}"
+    Path(good).unlink()
+    failed = CliRunner().invoke(cli, ["store", "restore", str(bucket), str(tmp_path / "b.db")])
+    assert failed.exit_code == 2 and len(failed.output.strip().splitlines()) == 1
+    (tmp_path / "afile").write_text("x")
+    to_file = CliRunner().invoke(cli, ["store", "backup", str(db), str(tmp_path / "afile")])
+    assert to_file.exit_code == 2 and len(to_file.output.strip().splitlines()) == 1

@@ -45,8 +45,10 @@ from raydg.errors import EmptyResult, RaydgError
 @click.option("--metric", "metrics", multiple=True, metavar="METRIC",
               help="Add a column: the mean over each method's runs of this final metric, e.g. "
                    "final/fedfd-a/target_alpha/features.1 (repeatable).")
-@click.option("--tracking-uri", help="MLflow store. [default: $MLFLOW_TRACKING_URI or "
-                                     "sqlite:///mlflow.db]")
+@click.option("--tracking-uri", "tracking_uris", multiple=True,
+              help="MLflow store (repeatable: several are read as one; a SQLite path may be a "
+                   "glob, 'sqlite:///stores/*.db'). [default: $MLFLOW_TRACKING_URI or "
+                   "sqlite:///mlflow.db]")
 @click.option("--rows", "rows_files", multiple=True, type=click.Path(exists=True,
               dir_okay=False), metavar="FILE.json.gz",
               help="Read the runs from this file written by --export, not from a store "
@@ -58,7 +60,8 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
            filter_string: str, selection: str | None, fmt: str, output: str | None,
            versus: str | None, ledger: bool, timing: bool, paper: str | None,
            plot: str | None, per_round: tuple[str, ...], metrics: tuple[str, ...],
-           tracking_uri: str | None, rows_files: tuple[str, ...], export_to: str | None) -> None:
+           tracking_uris: tuple[str, ...], rows_files: tuple[str, ...],
+           export_to: str | None) -> None:
     """Print a paper's table from the runs in the MLflow store (or runs files): methods x
     held-out domains, mean +- std over seeds. Runs that differ in other settings are never
     averaged together."""
@@ -71,11 +74,11 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
     published = None
     if paper:  # the paper's dataset and model selection unless others are asked for
         values = config_mod.load_yaml(paper)
-        published = paper_numbers(values, paper)
+        published = paper_numbers(values, paper, _domains(values.get("dataset")))
         dataset = dataset or values.get("dataset")
         selection = selection or published["selection"]
     try:
-        client = _runs_source(tracking_uri, rows_files, ledger)
+        client = _runs_source(tracking_uris, rows_files, ledger)
     except EmptyResult:
         if published is None:
             raise
@@ -103,6 +106,15 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
         click.echo(text)
 
 
+def _domains(dataset: Any) -> tuple[str, ...] | None:
+    """The domains of a paper config's registered ``dataset`` (None: it names none)."""
+    if not isinstance(dataset, str):
+        return None
+    from raydg.datasets import DATASETS
+
+    return DATASETS.get(dataset).domains
+
+
 def _writable(flag: str, value: str | None) -> None:
     """Refuse an output file that cannot be written (its folder is made if missing)."""
     if value is None:
@@ -120,20 +132,20 @@ def _writable(flag: str, value: str | None) -> None:
         raise RaydgError(f"cannot write {flag} {value}: {err.strerror}") from None
 
 
-def _runs_source(tracking_uri: str | None, rows_files: tuple[str, ...], ledger: bool) -> Any:
-    """The MLflow store, or the runs files that stand for one."""
+def _runs_source(tracking_uris: tuple[str, ...], rows_files: tuple[str, ...],
+                 ledger: bool) -> Any:
+    """The MLflow store (or stores, read as one), or the runs files that stand for one."""
     if not rows_files:
-        from mlflow import MlflowClient
-
+        from raydg.reporting.stores import Stores, open_stores
+        from raydg.tracking.store import reading_client
         from raydg.tracking.store import tracking_uri as store_uri
 
-        uri = store_uri(config_mod.RunConfig(tracking_uri=tracking_uri))
-        path = Path(uri.removeprefix("sqlite:///"))
-        if uri.startswith("sqlite:///") and not path.is_file():  # MLflow would create one
-            raise EmptyResult(f"no MLflow store at {path} (runs write one there; "
-                              "--tracking-uri or MLFLOW_TRACKING_URI names another)")
-        return MlflowClient(uri)
-    if tracking_uri:
+        uris = [store_uri(config_mod.RunConfig(tracking_uri=u)) for u in tracking_uris or [None]]
+        client = open_stores(uris, reading_client)
+        if ledger and isinstance(client, Stores):
+            raise RaydgError("--ledger reads one store's artifacts: name one --tracking-uri")
+        return client
+    if tracking_uris:
         raise RaydgError("--rows reads runs files instead of a store: drop --tracking-uri")
     if ledger:
         raise RaydgError("--ledger reads the runs' artifacts, which a runs file does not hold")
@@ -233,7 +245,9 @@ def store_restore(source: str, db: Path) -> None:
     SOURCE holds no backup yet."""
     from raydg.tracking.backup import restore
 
-    found = restore(source, db)
+    found, skipped = restore(source, db)
+    for line in skipped:
+        click.echo(f"raydg: warning: {line}", err=True)
     click.echo(f"restored {db} from {found}" if found else f"no backup in {source}: {db} "
                "starts empty")
 

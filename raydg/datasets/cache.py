@@ -28,15 +28,21 @@ def cache_root(configured: str | None) -> Path:
 
 
 def fingerprint(name: str, request: LoadRequest, source: Path) -> str:
-    """A key for the dataset as loaded from the files under ``source``."""
+    """A key for the dataset as loaded from the files under ``source``. Nothing is opened,
+    and what the loader names or skips (a link loop, an unreadable folder, a FIFO) changes
+    the key as a file does, without an error here."""
     h = hashlib.sha256(json.dumps([name, request.image_size, request.skip_bad,
                                    str(source.resolve())]).encode())
-    for dirpath, dirnames, filenames in os.walk(source):
+    for dirpath, dirnames, filenames in os.walk(source):  # unreadable folders: left out
         dirnames.sort()
         for f in sorted(filenames):
             p = Path(dirpath) / f
-            st = p.stat()
-            h.update(f"{p.relative_to(source)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            try:
+                st = p.stat()
+                state = f"{st.st_size}\0{st.st_mtime_ns}"
+            except OSError as err:  # a link loop or a dangling link
+                state = f"error {err.errno}"
+            h.update(f"{p.relative_to(source)}\0{state}\n".encode())
     return f"{name}-{request.image_size}-{h.hexdigest()[:16]}"
 
 

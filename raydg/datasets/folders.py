@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,38 +39,97 @@ def read_image(path: Path, size: int) -> np.ndarray:
         return np.asarray(img).transpose(2, 0, 1)
 
 
+SPECIAL_FILES = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
+                 (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                 (stat.S_ISBLK, "a block device"))
+SKIP_HINT = "(pass --skip-bad-images to skip unreadable files)"
+
+
+def check_regular(path: Path) -> None:
+    """Raise ``OSError`` unless ``path`` is a regular file, or a link to one, without opening
+    it: a FIFO would block its reader forever; a link loop raises here too."""
+    mode = path.stat().st_mode
+    kind = next((name for test, name in SPECIAL_FILES if test(mode)), None)
+    if kind is not None:
+        raise OSError(f"not a regular file but {kind}")
+
+
+def _why(err: OSError) -> str:
+    """``err`` without the file name that the message around it says already."""
+    return err.strerror if err.strerror and err.filename else str(err)
+
+
+def _bad(request: LoadRequest, name: str, what: str, path: Path, err: OSError) -> None:
+    """An unreadable ``what`` (image, folder) of domain ``name``: an error, or with
+    ``request.skip_bad`` recorded in ``request.bad_files``."""
+    if not request.skip_bad:
+        raise RaydgError(f"{name}: cannot read {what} {path}: {_why(err)} {SKIP_HINT}")
+    request.bad_files.append((name, f"{path}: {_why(err)}"))
+
+
+def _bad_folder(request: LoadRequest, name: str, folder: Path, err: OSError) -> None:
+    """A folder of domain ``name`` that cannot be listed: :func:`_bad`, and said when
+    skipped."""
+    _bad(request, name, "folder", folder, err)
+    request.log(f"{name}: skipped the unreadable folder {folder}: {_why(err)}")
+
+
 def read_images(paths: list[Path], request: LoadRequest, name: str) -> tuple[np.ndarray,
                                                                                list[int]]:
     """Decode and resize every file of domain ``name`` (``<dataset>/<domain>``); return the
     images and the indices of the files read.
 
-    An unreadable file is an error naming it, or with ``request.skip_bad`` skipped and counted.
+    An unreadable file (a link loop, a FIFO or other special file, a broken image) is an error
+    naming it, or with ``request.skip_bad`` skipped and counted.
     """
     size = request.image_size
     x = np.empty((len(paths), 3, size, size), dtype=np.uint8)
     kept: list[int] = []
     for i, path in enumerate(paths):
         try:
+            check_regular(path)
             x[len(kept)] = read_image(path, size)
             kept.append(i)
         except OSError as err:  # PIL's UnidentifiedImageError is an OSError
-            if not request.skip_bad:
-                raise RaydgError(f"{name}: cannot read image {path}: {err} (pass "
-                                 "--skip-bad-images to skip unreadable files)") from None
-            request.bad_files.append((name, f"{path}: {err}"))
+            _bad(request, name, "image", path, err)
     if len(kept) < len(paths):
         request.log(f"{name}: skipped {len(paths) - len(kept)} unreadable image(s) of "
                     f"{len(paths)}")
     return x[:len(kept)], kept
 
 
-def class_files(folder: Path, classes: dict[str, int],
-                key: Callable[[str], str]) -> tuple[list[Path], list[int]]:
-    """The image files under ``folder/<class>/`` whose ``key(class)`` is one of ``classes``,
-    with its index, in sorted order."""
-    files = [(p, classes[key(c.name)]) for c in sorted(folder.iterdir())
-             if c.is_dir() and key(c.name) in classes
-             for p in sorted(c.iterdir()) if p.suffix.lower() in IMAGE_EXTENSIONS]
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a folder or a link to one (False for a link loop, whatever the
+    error)."""
+    try:
+        return stat.S_ISDIR(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def subfolders(folder: Path, request: LoadRequest, name: str) -> list[Path]:
+    """The folders in ``folder``, sorted; an unreadable ``folder`` is an error naming it, or
+    with ``request.skip_bad`` skipped (and counted) as empty."""
+    try:
+        return sorted(p for p in folder.iterdir() if _is_dir(p))
+    except OSError as err:
+        _bad_folder(request, name, folder, err)
+        return []
+
+
+def class_files(folders: list[Path], classes: dict[str, int], key: Callable[[str], str],
+                request: LoadRequest, name: str) -> tuple[list[Path], list[int]]:
+    """The image files in the class ``folders`` whose ``key(folder name)`` is one of
+    ``classes``, with its index, in sorted order; unreadable folders as :func:`subfolders`."""
+    files = []
+    for c in folders:
+        if key(c.name) not in classes:
+            continue
+        try:
+            files += [(p, classes[key(c.name)]) for p in sorted(c.iterdir())
+                      if p.suffix.lower() in IMAGE_EXTENSIONS]
+        except OSError as err:
+            _bad_folder(request, name, c, err)
     return [p for p, _ in files], [label for _, label in files]
 
 
@@ -83,8 +143,8 @@ def load_folders(request: LoadRequest, name: str, domains: dict[str, str],
     missing = [str(f) for f in folders.values() if not f.is_dir()]
     if missing:
         raise RaydgError(f"{name}: missing domain folder(s) {missing}")
-    per_domain = {d: {(key or str)(c.name) for c in f.iterdir() if c.is_dir()}
-                  for d, f in folders.items()}
+    listed = {d: subfolders(f, request, f"{name}/{d}") for d, f in folders.items()}
+    per_domain = {d: {(key or str)(c.name) for c in listed[d]} for d in folders}
     common = sorted(set.intersection(*per_domain.values()))
     every = set.union(*per_domain.values())
     if key is None and common and len(common) < len(every):
@@ -95,7 +155,7 @@ def load_folders(request: LoadRequest, name: str, domains: dict[str, str],
     index = {c: i for i, c in enumerate(common)}
     out = []
     for d, folder in folders.items():
-        paths, labels = class_files(folder, index, key or str)
+        paths, labels = class_files(listed[d], index, key or str, request, f"{name}/{d}")
         if not paths:
             raise RaydgError(f"{name}: domain {d!r} has no images under {folder}")
         x, kept = read_images(paths, request, f"{name}/{d}")

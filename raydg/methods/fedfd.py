@@ -30,20 +30,20 @@ Choices where the papers are silent, each an option:
   ResNet-18 (512 dimensions) at lr 0.01. Elsewhere that weight is not stable: on the digits'
   small CNN from scratch at lr 0.05, CAFL's gradient is 15-50 times the cross-entropy's (per
   tensor, first step), one SGD step on lambda2 * CAFL *raises* CAFL once lr exceeds 0.025-0.05
-  (``benchmarks/cafl_step.py``), the BN layers' inputs grow 10^4-10^5 times in 4-5 steps and
-  the loss reaches 1e17-1e20 in round 1; the smallest instance sigma starts at 6-30 times
-  sqrt(eps) and grows with the rest, so instance statistics are not the cause. The unstable direction runs through the diversified pass (normalised with
-  the round's fixed mu_G, sigma_G, so not invariant to the scale of the weights, as batch
-  statistics are); ``cafl_gradient=original`` (f_D a target, as the global model's view that
-  CAFL "restrains local models" towards) widens the one-step bound 4-25 times but a round still
-  explodes. So the sum is the default only in the paper's regime, a ResNet started from
-  ImageNet weights (:meth:`FedFD.regime_options`); on any other backbone or start
-  ``cafl_reduction=mean`` averages over the dimensions (lambda2 / d in the sum's units, the
-  setting that training-domain validation chose on every digits experiment), and rows say so:
-  ``fedfd [cafl_reduction=mean]``. ``warmup_rounds`` trains the base framework alone for that
-  many rounds first, so that mu_G, sigma_G are the clients' statistics, not the initial (0, 1)
-  buffers, when the decoupling losses start. CAFL's gradient reaches both feature passes
-  (``cafl_gradient=both``) unless set otherwise.
+  (``benchmarks/cafl_step.py``), the BN layers' inputs grow 10^4-10^5 times in 4-5 steps and the
+  loss reaches 1e17-1e20 in round 1; the smallest instance sigma starts at 6-30 times sqrt(eps)
+  and grows with the rest, so instance statistics are not the cause. The unstable direction runs
+  through the diversified pass (normalised with the round's fixed mu_G, sigma_G, so not
+  invariant to the scale of the weights, as batch statistics are); ``cafl_gradient=original``
+  (f_D a target, as the global model's view that CAFL "restrains local models" towards) widens
+  the one-step bound 4-25 times but a round still explodes. So the sum is the default only in
+  the paper's regime, a ResNet started from ImageNet weights (:meth:`FedFD.regime_options`); on
+  any other backbone or start ``cafl_reduction=mean`` averages over the dimensions (lambda2 / d
+  in the sum's units, the setting that training-domain validation chose on every digits
+  experiment), and rows say so: ``fedfd [cafl_reduction=mean]``. ``warmup_rounds`` trains the
+  base framework alone for that many rounds first, so that mu_G, sigma_G are the clients'
+  statistics, not the initial (0, 1) buffers, when the decoupling losses start. CAFL's gradient
+  reaches both feature passes (``cafl_gradient=both``) unless set otherwise.
 * The diversified and adapter passes never update running statistics.
 * Inference modes (FedFD-A Table 3 c1/c2), all evaluated in one run: ``global`` (running
   statistics), ``instance`` (instance statistics, i.e. TBN with batch size 1), ``fixed``

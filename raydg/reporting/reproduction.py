@@ -46,25 +46,35 @@ class Goal:
     cell: float
 
 
-def paper_numbers(values: dict[str, Any], where: str) -> dict[str, Any]:
+def paper_numbers(values: dict[str, Any], where: str,
+                  domains: Sequence[str] | None = None) -> dict[str, Any]:
     """A config file's ``paper`` section, checked: ``source``, ``selection`` (selected, last
     or oracle: how the paper picked the model it reports), ``accuracy`` (``{method label:
-    {domain or Avg: percent}}``) and, optionally, ``cited`` (the table's rows that the paper
-    cites from other publications, in the same form; raydg runs none of them)."""
+    {domain or Avg: percent}}``, at least one row and one number) and, optionally, ``cited``
+    (the table's rows that the paper cites from other publications, in the same form; raydg
+    runs none of them). With the dataset's ``domains``, a column that is none of them (nor
+    ``Avg``) is refused."""
     paper = values.get("paper")
     ok = (isinstance(paper, dict) and isinstance(paper.get("source"), str)
           and paper.get("selection") in ("selected", "last", "oracle")
-          and _is_table(paper.get("accuracy")) and _is_table(paper.get("cited", {})))
+          and _is_table(paper.get("accuracy")) and _is_table(paper.get("cited", {}))
+          and any(paper["accuracy"].values()))
     if not ok:
         raise RaydgError(f"{where} has no valid 'paper' section (source, selection: "
-                         "selected|last|oracle, accuracy: {method: {domain: percent}}, "
-                         "optionally cited: {row: {domain: percent}})")
+                         "selected|last|oracle, accuracy: {method: {domain: percent}} with at "
+                         "least one number, optionally cited: {row: {domain: percent}})")
+    unknown = sorted({c for row in paper["accuracy"].values() for c in row} - {"Avg"}
+                     - set(domains if domains is not None else paper_targets(paper)))
+    if unknown:
+        raise RaydgError(f"{where}: the paper's columns {unknown} are not domains of "
+                         f"{values.get('dataset')} ({', '.join(domains or [])})")
     return paper
 
 
 def paper_targets(paper: dict[str, Any]) -> list[str]:
-    """The paper table's target columns (its rows' columns but ``Avg``)."""
-    return [c for c in next(iter(paper["accuracy"].values())) if c != "Avg"]
+    """The paper table's target columns (its rows' columns but ``Avg``), in order."""
+    return [c for c in dict.fromkeys(c for row in paper["accuracy"].values() for c in row)
+            if c != "Avg"]
 
 
 def _is_table(value: Any) -> bool:

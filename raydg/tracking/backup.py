@@ -20,6 +20,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 
 from raydg.errors import RaydgError
+from raydg.tracking.store import check_sqlite_store
 
 PREFIX, SUFFIX = "mlflow-", ".db.gz"
 
@@ -46,15 +47,6 @@ def _read_only(path: Path) -> contextlib.closing[sqlite3.Connection]:
     return contextlib.closing(sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True))
 
 
-def _check_store(path: Path, shown: str | None = None) -> None:
-    """Refuse a file that is not an MLflow SQLite store (named ``shown`` in the error)."""
-    try:
-        with _read_only(path) as db:
-            db.execute("SELECT COUNT(*) FROM runs").fetchone()
-    except sqlite3.DatabaseError as err:
-        raise RaydgError(f"{shown or path} is not an MLflow SQLite store: {err}") from None
-
-
 def backup(db: Path, destination: str, keep: int = 10) -> str:
     """Write a snapshot of the store ``db`` to ``destination``; return the backup's location."""
     if keep < 1:
@@ -64,37 +56,65 @@ def backup(db: Path, destination: str, keep: int = 10) -> str:
     fs, folder, scheme = _filesystem(destination)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     target = f"{folder}/{PREFIX}{stamp}{SUFFIX}"
-    _check_store(db)
+    check_sqlite_store(db)
     with tempfile.TemporaryDirectory() as tmp:
         snapshot = Path(tmp) / "mlflow.db"
         with _read_only(db) as src, contextlib.closing(sqlite3.connect(snapshot)) as dst:
             src.backup(dst)
-        fs.create_dir(folder, recursive=True)
-        with snapshot.open("rb") as f, fs.open_output_stream(target, compression="gzip") as out:
-            shutil.copyfileobj(f, out)
+        try:
+            fs.create_dir(folder, recursive=True)
+            with snapshot.open("rb") as f, fs.open_output_stream(target,
+                                                                 compression="gzip") as out:
+                shutil.copyfileobj(f, out)
+        except OSError as err:
+            raise RaydgError(f"cannot write a backup to {destination}: "
+                             f"{str(err).splitlines()[0][:200]}") from None
     for old in _backups(fs, folder)[:-keep]:
         fs.delete_file(old)
     return scheme + target
 
 
-def restore(source: str, db: Path) -> str | None:
-    """Put the newest backup in ``source`` at ``db``; return its location, or None when there
-    is none (a first start). Refuses to replace an existing store."""
+def restore(source: str, db: Path) -> tuple[str | None, list[str]]:
+    """Put the newest sound backup in ``source`` at ``db``: its location (None when there is
+    none: a first start) and a line for each newer one that was skipped, unreadable or not a
+    whole MLflow store. Refuses to replace an existing store, and fails in one line when no
+    backup is sound."""
     if db.exists():
         raise RaydgError(f"{db} exists: restoring would replace it; move it away first")
     fs, folder, scheme = _filesystem(source)
     found = _backups(fs, folder)
     if not found:
-        return None
+        return None, []
     db.parent.mkdir(parents=True, exist_ok=True)
     partial = db.with_name(db.name + ".restoring")
+    skipped = []
+    for candidate in reversed(found):
+        try:
+            _unpack(fs, candidate, partial, scheme + candidate)
+        except RaydgError as err:
+            skipped.append(f"skipped {err}")
+            continue
+        partial.rename(db)
+        return scheme + candidate, skipped
+    raise RaydgError(f"none of the {len(found)} backups in {source} is sound; the newest: "
+                     f"{skipped[0].removeprefix('skipped ')}")
+
+
+def _unpack(fs: pafs.FileSystem, backup: str, partial: Path, shown: str) -> None:
+    """Decompress ``backup`` into ``partial`` and check that it is a whole MLflow store;
+    ``partial`` is removed when it is not."""
     try:
-        with fs.open_input_stream(found[-1], compression="gzip") as src, \
-                partial.open("wb") as out:
+        with fs.open_input_stream(backup, compression="gzip") as src, partial.open("wb") as out:
             shutil.copyfileobj(src, out)
-        _check_store(partial, shown=scheme + found[-1])
+        check_sqlite_store(partial, shown=shown)
+        with _read_only(partial) as check:
+            verdict = check.execute("PRAGMA quick_check").fetchone()[0]
+        if verdict != "ok":
+            raise RaydgError(f"{shown} is a damaged SQLite file: {verdict[:200]}")
+    except (OSError, EOFError, sqlite3.Error) as err:
+        partial.unlink(missing_ok=True)
+        raise RaydgError(f"{shown}: cannot be read ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:160]})") from None
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    partial.rename(db)
-    return scheme + found[-1]

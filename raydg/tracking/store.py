@@ -4,12 +4,19 @@ scheduler's SIGKILL follows SIGTERM within seconds)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
+import sqlite3
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from raydg.config import RunConfig
-from raydg.errors import RaydgError
+from raydg.errors import EmptyResult, RaydgError
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 SERVER_TIMEOUT = 5.0  # seconds for a tracking server to answer before the run starts
@@ -47,6 +54,48 @@ def check_store(uri: str) -> None:
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # no schema-migration INFO lines
         with FileLock(uri[len("sqlite:///"):] + ".lock"):
             MlflowClient(uri).search_experiments(max_results=1)
+
+
+def check_sqlite_store(path: Path, shown: str | None = None) -> None:
+    """Refuse a file that is not an MLflow SQLite store (named ``shown`` in the error), read
+    only: MLflow itself would write its tables into any SQLite file it is pointed at."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro",
+                                                uri=True)) as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+    except sqlite3.Error as err:
+        raise RaydgError(f"{shown or path} is not an MLflow SQLite store: {err}") from None
+    if not {"alembic_version", "runs"} <= tables:
+        raise RaydgError(f"{shown or path} is not an MLflow SQLite store: it has no "
+                         "alembic_version or runs table (nothing read, nothing written)")
+
+
+def reading_client(uri: str) -> MlflowClient:
+    """A client of an existing store, for commands that only read it: a SQLite store must be
+    an MLflow one (:func:`check_sqlite_store`), and one of another MLflow schema is refused in
+    one line that says how to upgrade it."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    quiet_mlflow()
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+        if not path.is_file():
+            raise EmptyResult(f"no MLflow store at {path} (runs write one there; "
+                              "--tracking-uri or MLFLOW_TRACKING_URI names another)")
+        check_sqlite_store(path)
+    try:
+        client = MlflowClient(uri)
+        client.search_experiments(max_results=1)
+    except MlflowException as err:
+        found = re.search(r"found version (\w+), but expected (\w+)", err.message)
+        if found:
+            raise RaydgError(f"the MLflow store {uri} has the schema of another MLflow version "
+                             f"({found[1]}, this MLflow expects {found[2]}): back it up, then "
+                             f"`mlflow db upgrade {uri}`") from None
+        raise RaydgError(f"cannot read the MLflow store {uri}: "
+                         f"{err.message.splitlines()[0][:200]}") from None
+    return client
 
 
 def quiet_mlflow() -> None:
