@@ -91,6 +91,8 @@ CLAIMS = [
     Claim(("last-upload",), "csac", "fedavg (steps of csac)",
           "CSAC Tables 1-3, at equal compute"),
     Claim((REAL,), "csac", "fedavg", "CSAC Table 3"),
+    Claim((REAL,), "csac", "elcfs", "CSAC Table 3"),  # Table 3's own ordering of its rows
+    Claim((REAL,), "fedavg", "elcfs", "CSAC Table 3"),
     Claim(("last-upload", REAL), "ccst-pixel", "fedavg", "CCST Table 1", STYLES),
     Claim(("last-upload", REAL), "elcfs", "fedavg", "CCST Table 1 (FedDG)", STYLES),
     Claim(("last-upload",), "elcfs+ccst-pixel", "elcfs", "CCST Fig. 4(b): CCST on FedDG",

@@ -17,12 +17,12 @@ Printed per run:
   last round; the driver's GPU memory; the GPU's memory in use;
 * whether the final global model is bit-identical to the first run's (``raydg.state.digest``;
   if not for every run, it prints ``MISMATCH`` and exits 1);
-* then where a steady round goes, medians of raydg's ``time/*`` metrics (README, "Where a
-  round's time goes"; ``idle`` is ``train - busy``).
+* then where a steady round goes, medians of raydg's ``time/*`` metrics
+  (docs/concepts/execution.md, "Where a round's time goes"; ``idle`` is ``train - busy``).
 
 ``--gpus 0`` runs the same script on CPU (a dry run: no GPU memory column);
-``--nondeterministic`` with torch's default GPU kernels (README, *Determinism*), whose runs
-need not be bit-identical.
+``--nondeterministic`` with torch's default GPU kernels (docs/concepts/protocol.md,
+*Determinism*), whose runs need not be bit-identical.
 
 Run:  python benchmarks/gpu_share.py [--per-gpu 1 2 4] [--rounds 5] [--json gpu_share.json]
 """

@@ -68,8 +68,9 @@ def run(dataset: str | None = None, *, config: str | Path | RunConfig | None = N
     :class:`RunConfig`; ``settings``: config keys over it (``method="fedprox"``,
     ``seeds=[0, 1]``, ``options={"mu": 0.1}`` or ``**{"options.mu": 0.1}``, ``plugins=[...]``);
     ``search``: a :class:`Search` or its mapping (``{"grid": {"lr": [0.01, 0.05]}}``), added
-    to the file's. ``out`` receives raydg's lines (default: none but warnings, printed);
-    ``progress``: ``none``, ``lines`` or ``live``."""
+    to the file's. ``progress``: ``none``, ``lines`` (a line per round of each federation) or
+    ``live``; ``out`` receives raydg's lines (default: printed, only its warnings with
+    ``progress="none"``)."""
     from raydg.experiment import run_experiment
 
     cfg, found = _config(config)
@@ -77,7 +78,8 @@ def run(dataset: str | None = None, *, config: str | Path | RunConfig | None = N
         settings = {"dataset": dataset, **settings}
     cfg = apply(cfg, settings)
     search = _search(found, search)
-    return _results(run_experiment(cfg, search, out=out or _warnings, progress=progress))
+    return _results(run_experiment(cfg, search, out=out or _printer(progress),
+                                   progress=progress))
 
 
 def resume(target: str | Path, *, tracking_uri: str | None = None,
@@ -91,8 +93,9 @@ def resume(target: str | Path, *, tracking_uri: str | None = None,
     from raydg.experiment import resume_target, run_experiment
 
     folder = resume_target(str(target), tracking_uri)
-    return _results(run_experiment(RunConfig(tracking_uri=tracking_uri), out=out or _warnings,
-                                   progress=progress, resume=folder))
+    return _results(run_experiment(RunConfig(tracking_uri=tracking_uri),
+                                   out=out or _printer(progress), progress=progress,
+                                   resume=folder))
 
 
 def _results(result: ExperimentResult) -> Results:
@@ -160,6 +163,11 @@ def _search(found: Search, given: Search | Mapping[str, Any] | None) -> Search:
     return dataclasses.replace(extend_search(found, extra.grid, "search"),
                                space={**found.space, **extra.space},
                                samples=found.samples + extra.samples)
+
+
+def _printer(progress: str) -> Callable[[str], None]:
+    """What prints raydg's lines by default: all of them with progress, else its warnings."""
+    return _warnings if progress == "none" else print
 
 
 def _warnings(line: str) -> None:

@@ -9,6 +9,7 @@ are checked against the method's own ``Options`` dataclass.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,11 +164,18 @@ def apply(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
         elif key in FIELDS and not dot:
             changes[key] = _coerce(key, value)
         else:
-            raise RaydgError(
-                f"unknown config key {quoted(raw)}; valid keys: {', '.join(FIELDS)} "
-                "(method settings: options.NAME, method_options.METHOD.NAME)"
-            )
+            raise RaydgError(f"unknown config key {quoted(raw)}; {_key_hint(key, dot, rest)}")
     return dataclasses.replace(cfg, **changes, options=options, method_options=by_method)
+
+
+def _key_hint(key: str, dot: str, rest: str) -> str:
+    """``did you mean options.mu?`` for a key that is close to one, else the valid keys."""
+    heads = [*FIELDS, "method_options"] if not dot else ["options", "method_options"]
+    close = difflib.get_close_matches(key, heads, n=1, cutoff=0.7)
+    if close:
+        return f"did you mean {close[0]}{dot}{rest}?"
+    return (f"valid keys: {', '.join(FIELDS)} (method settings: options.NAME, "
+            "method_options.METHOD.NAME)")
 
 
 def parse_sets(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -253,10 +261,42 @@ def load_text(text: str | bytes, where: str) -> Any:
         raise RaydgError(f"{where} is not valid YAML: {_reason(err)}") from None
 
 
-def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A config file's keys. ``extends: OTHER.yaml`` (relative to the file) loads that file
-    first; this file's keys override its keys, and ``options`` are merged key by key."""
+def configs_dir() -> Path:
+    """The ready-made configs (and ``sweeps/``): the copy an installed wheel carries
+    (``raydg/configs``), else the checkout's ``configs/``."""
+    packaged = Path(__file__).resolve().parent / "configs"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[1] / "configs"
+
+
+def ready_made() -> dict[str, Path]:
+    """The ready-made configs by name: ``csac-rotmnist``, ``sweeps/fedprox-digits-style``."""
+    root = configs_dir()
+    return {str(p.relative_to(root).with_suffix("")): p
+            for p in sorted([*root.glob("*.yaml"), *root.glob("sweeps/*.yaml")])}
+
+
+def config_file(path: str | Path) -> Path:
+    """``path`` if it is a file, else the ready-made config it names (``csac-rotmnist``, with
+    or without ``.yaml``, ``configs/`` or ``sweeps/``)."""
     p = Path(path)
+    if p.is_file():
+        return p
+    name = str(path).removesuffix(".yaml").removeprefix("configs/")
+    known = ready_made()
+    found = known.get(name) or known.get(f"sweeps/{name}")
+    if found is None:
+        close = difflib.get_close_matches(name, list(known), n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else " (raydg list configs)"
+        raise RaydgError(f"config file {quoted(str(path))} does not exist, nor is it the name of "
+                         f"a ready-made config{hint}")
+    return found
+
+
+def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A config file's keys (a file, or a ready-made config by name: :func:`config_file`).
+    ``extends: OTHER.yaml`` (relative to the file) loads that file first; this file's keys
+    override its keys, and ``options`` are merged key by key."""
+    p = config_file(path) if not _seen else Path(path)
     if not p.is_file():
         raise RaydgError(f"config file {str(p)!r} does not exist")
     if p.resolve() in _seen:

@@ -69,6 +69,8 @@ def doctor(gpus: int, out: Callable[[str], None]) -> None:
         cfg = dataclasses.replace(SMOKE, gpus_per_actor=0.25 if gpus else 0.0,
                                   tracking_uri=f"sqlite:///{tmp}/mlflow.db",
                                   storage=str(Path(tmp) / "results"))
+        out(f"one round of FedAvg on {cfg.dataset}, on a fresh Ray of this node (a few "
+            "seconds to a minute)...")
         start = time.perf_counter()
         result = run_experiment(cfg, out=lambda _: None, progress="none")
     (run,) = result.runs

@@ -7,9 +7,11 @@ there that verifies is returned without touching the network.
 Resume: a ``.part`` left by an interrupted download is continued with a
 ``Range: bytes=N-`` request. A ``206`` answer is appended to the part; a ``200`` (the server
 ignores ranges) restarts from zero; a ``416`` means the part already holds the whole file,
-so it is only verified. Network failures raise a one-line ``RaydgError`` and keep the part.
+so it is only verified. Network failures raise a one-line ``RaydgError`` and keep the part;
+with ``retries`` they (HTTP 429 and 5xx included, not other HTTP errors) are first resumed
+that many times, after 1, 2, 4... s.
 
-Verification: when the ``Archive`` gives a size and/or an md5, both are checked (md5
+Verification: the size, md5 and sha256 that the ``Archive`` gives are checked (digests
 streamed in 1 MiB chunks); a mismatching file is deleted, so the next call starts afresh.
 
 Google Drive: large files first answer with an HTML virus-scan warning whose ``<form>``
@@ -24,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import http.cookiejar
+import json
 import os
 import re
 import shutil
@@ -39,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from raydg.errors import RaydgError
 
@@ -63,6 +66,7 @@ class Archive:
     filename: str  # file name inside the download folder
     size: int | None = None  # expected bytes, verified when given
     md5: str | None = None  # expected hex md5, verified when given
+    sha256: str | None = None  # expected hex sha256, verified when given
 
 
 class _HtmlPage(Exception):
@@ -75,8 +79,10 @@ def drive_url(file_id: str) -> str:
     return f"https://drive.usercontent.google.com/download?{query}"
 
 
-def fetch(archive: Archive, folder: Path, log: Log = print, timeout: float = 30.0) -> Path:
-    """Download ``archive`` into ``folder`` (resuming a ``.part``), verify it, return its path."""
+def fetch(archive: Archive, folder: Path, log: Log = print, timeout: float = 30.0,
+          retries: int = 0) -> Path:
+    """Download ``archive`` into ``folder`` (resuming a ``.part``, and after a network failure
+    up to ``retries`` times), verify it, return its path."""
     final = Path(folder) / archive.filename
     if final.exists():
         try:
@@ -89,7 +95,7 @@ def fetch(archive: Archive, folder: Path, log: Log = print, timeout: float = 30.
     final.parent.mkdir(parents=True, exist_ok=True)
     part = final.with_name(final.name + ".part")
     try:
-        _download(archive, part, log, timeout)
+        _download_retrying(archive, part, log, timeout, retries)
     except _NET_ERRORS as err:
         raise RaydgError(f"cannot download {archive.url}: {_reason(err)}; check the network "
                          f"(offline?) or place the file at {final}") from err
@@ -106,14 +112,39 @@ def fetch(archive: Archive, folder: Path, log: Log = print, timeout: float = 30.
 
 
 def verify(path: Path, archive: Archive) -> None:
-    """Check size and md5 of ``path`` where ``archive`` gives them; delete it on mismatch."""
+    """Check size, md5 and sha256 of ``path`` where ``archive`` gives them; delete it on
+    mismatch."""
     path = Path(path)
     if not path.is_file():
         raise RaydgError(f"{path}: no such file")
     if archive.size is not None and (got := path.stat().st_size) != archive.size:
         _reject(path, f"expected {archive.size} bytes, got {got}")
-    if archive.md5 is not None and (digest := _md5(path)) != archive.md5.lower():
-        _reject(path, f"expected md5 {archive.md5.lower()}, got {digest}")
+    for name, want in (("md5", archive.md5), ("sha256", archive.sha256)):
+        if want is not None and (digest := file_digest(path, name)) != want.lower():
+            _reject(path, f"expected {name} {want.lower()}, got {digest}")
+
+
+def file_digest(path: Path, name: str = "sha256") -> str:
+    """Hex digest ``name`` (a hashlib algorithm) of the file ``path``, read in 1 MiB chunks."""
+    digest = hashlib.new(name)
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_json(url: str, timeout: float = 30.0) -> Any:
+    """The JSON document at ``url`` (at most 2 MiB); a one-line ``RaydgError`` if it cannot
+    be had."""
+    request = urllib.request.Request(url, headers={"User-Agent": _USER_AGENT,
+                                                   "Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return json.loads(resp.read(_MAX_PAGE))
+    except _NET_ERRORS as err:
+        raise RaydgError(f"cannot read {url}: {_reason(err)}") from err
+    except ValueError as err:  # json.JSONDecodeError and UnicodeDecodeError
+        raise RaydgError(f"cannot read {url}: not JSON ({_reason(err)})") from err
 
 
 def extract(path: Path, dest: Path, log: Log = print) -> None:
@@ -135,6 +166,22 @@ def extract(path: Path, dest: Path, log: Log = print) -> None:
 
 
 # --- download -------------------------------------------------------------------------------
+
+
+def _download_retrying(archive: Archive, part: Path, log: Log, timeout: float,
+                       retries: int) -> None:
+    """:func:`_download`, resumed up to ``retries`` times after a network failure (not
+    after an HTTP error other than 429 and 5xx: the answer would be the same)."""
+    for attempt in range(retries):
+        try:
+            return _download(archive, part, log, timeout)
+        except _NET_ERRORS as err:
+            if isinstance(err, urllib.error.HTTPError) and err.code != 429 and err.code < 500:
+                raise
+            log(f"{archive.filename}: {_reason(err)}; resuming in {2 ** attempt} s "
+                f"(retry {attempt + 1} of {retries})")
+            time.sleep(2 ** attempt)
+    return _download(archive, part, log, timeout)
 
 
 def _download(archive: Archive, part: Path, log: Log, timeout: float) -> None:
@@ -280,14 +327,6 @@ class _Progress:
 
 
 # --- verify ---------------------------------------------------------------------------------
-
-
-def _md5(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _reject(path: Path, what: str) -> None:

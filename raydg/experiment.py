@@ -33,7 +33,7 @@ from raydg.results import (
     select_settings,
     summary_rows,
 )
-from raydg.signals import say_stopped, tell_parent
+from raydg.signals import command, say_stopped, tell_parent
 from raydg.tracking.store import check_store, tracking_uri
 from raydg.tracking.tracker import Tracker
 from raydg.trials.resources import fit_actors
@@ -85,13 +85,17 @@ def session(cfg: RunConfig, plan: Plan, run_id: str | None, say: Callable[[str],
 
 def _final_metrics(plan: Plan, summary: list[dict[str, Any]],
                    selection: list[dict[str, Any]]) -> dict[str, float]:
-    """The parent run's headline metrics: ``avg/<selection>/<mode>``; for a search, the Avg of
-    the hyper-parameters selected by training-domain validation,
-    ``avg/selected_hparams/<method>/<mode>``."""
+    """The parent run's headline metrics, the same names for every kind of run, so that MLflow's
+    runs table compares them: ``avg/<selection>/<mode>``, the Avg over targets; for a search,
+    ``avg/selected/<mode>`` is that of the hyper-parameters selected by training-domain
+    validation (with one method; every method's as ``avg/selected_hparams/<method>/<mode>``)."""
     if len(plan.settings) == 1:
         return {f"avg/{r['selection']}/{r['mode']}": r["Avg"] for r in summary}
-    return {f"avg/selected_hparams/{r['method']}/{r['mode']}": r["accuracy"]
-            for r in selection if r["target"] == "Avg"}
+    chosen = [r for r in selection if r["target"] == "Avg"]
+    out = {f"avg/selected_hparams/{r['method']}/{r['mode']}": r["accuracy"] for r in chosen}
+    if len({r["method"] for r in chosen}) == 1:
+        out.update({f"avg/selected/{r['mode']}": r["accuracy"] for r in chosen})
+    return out
 
 
 def resume_target(target: str, tracking: str | None = None) -> str:
@@ -170,10 +174,10 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
                                resume=manifest is not None, progress=progress)
         summary, selection, printed = _tables(plan, runs, tracker)
         out(printed)
-        say(f"\nraydg: done in {duration(time.perf_counter() - start)}. MLflow run "
-            f"{tracker.run_id} in {base.tracking_uri} (browse: mlflow ui --backend-store-uri "
-            f"{base.tracking_uri}, then {ui_link(tracker.experiment_id)}); trial files in "
-            f"{directory}")
+        out(f"\nraydg: done in {duration(time.perf_counter() - start)}. MLflow run "
+            f"{tracker.run_id} in {base.tracking_uri} (browse: {command('mlflow')} ui "
+            f"--backend-store-uri {base.tracking_uri}, then {ui_link(tracker.experiment_id)}); "
+            f"trial files in {directory}")
         return ExperimentResult(plan, runs, summary, selection, printed, tracker.run_id)
 
 

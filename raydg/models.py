@@ -133,11 +133,12 @@ def file_state(path: str | Path) -> dict[str, Tensor]:
     return state
 
 
-def load_backbone(net: nn.Module, state: Mapping[str, Tensor | np.ndarray]) -> None:
+def load_backbone(net: nn.Module, state: Mapping[str, Tensor | np.ndarray],
+                  ignore: str = "fc.") -> None:
     """Load a backbone state dict (tensors, or numpy arrays as an experiment passes them)
-    into ``net``; an ``fc`` (the ImageNet head) is ignored. Missing keys or mismatched shapes
-    are one clear error."""
-    own = {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")}
+    into ``net``; keys under ``ignore`` (the ImageNet head) are left out. Missing keys or
+    mismatched shapes are one clear error."""
+    own = {k: v for k, v in net.state_dict().items() if not k.startswith(ignore)}
     missing = sorted(set(own) - set(state))
     bad = sorted(k for k in own if k in state and state[k].shape != own[k].shape)
     if missing or bad:
@@ -151,30 +152,71 @@ def _tensor(value: Tensor | np.ndarray) -> Tensor:
     return value if isinstance(value, Tensor) else torch.from_numpy(np.array(value))
 
 
-def _resnet(arch: str) -> Callable[[ModelSpec], FeatureClassifier]:
+@dataclass(frozen=True)
+class Torchvision:
+    """A torchvision classifier as a backbone: the path of its ImageNet head (replaced by the
+    run's classifier), its weights enum and its stages (the modules whose outputs are its
+    successive feature maps: where MixStyle goes, what CSAC aligns)."""
+
+    head: str
+    weights: str
+    stages: tuple[str, ...]
+
+
+RESNET_STAGES = ("layer1", "layer2", "layer3", "layer4")
+TORCHVISION = {  # the backbones the papers use and those a researcher reaches for
+    "resnet18": Torchvision("fc", "ResNet18_Weights", RESNET_STAGES),
+    "resnet34": Torchvision("fc", "ResNet34_Weights", RESNET_STAGES),
+    "resnet50": Torchvision("fc", "ResNet50_Weights", RESNET_STAGES),
+    "resnet101": Torchvision("fc", "ResNet101_Weights", RESNET_STAGES),
+    "alexnet": Torchvision("classifier.6", "AlexNet_Weights",  # after each max-pool
+                           ("features.2", "features.5", "features.12")),
+    "densenet121": Torchvision("classifier", "DenseNet121_Weights",
+                               tuple(f"features.denseblock{i}" for i in range(1, 5))),
+    "mobilenet_v3_small": Torchvision("classifier.3", "MobileNet_V3_Small_Weights",
+                                      ("features.1", "features.3", "features.8",
+                                       "features.11")),  # the last block of each resolution
+}
+
+
+def _torchvision(arch: str) -> Callable[[ModelSpec], FeatureClassifier]:
     def build(spec: ModelSpec) -> FeatureClassifier:
         import torchvision
 
+        kind = TORCHVISION[arch]
         net = getattr(torchvision.models, arch)(weights=None)
         if spec.weights is not None and spec.in_channels != 3:
             raise RaydgError(f"pretrained {arch} needs 3-channel images, not "
                              f"{spec.in_channels}; pass --no-pretrained")
         if spec.in_channels != 3:
-            net.conv1 = nn.Conv2d(spec.in_channels, 64, 7, 2, 3, bias=False)
-        dim = net.fc.in_features
-        net.fc = nn.Identity()
+            _replace_first_conv(net, spec.in_channels)
+        dim = net.get_submodule(kind.head).in_features
+        _set_submodule(net, kind.head, nn.Identity())
+        net.stages = list(kind.stages)  # a plain attribute: not in the state dict
         if spec.weights is not None:
-            load_backbone(net, spec.weights)
+            load_backbone(net, spec.weights, ignore=f"{kind.head}.")
         return FeatureClassifier(net, dim, spec.num_classes)
 
-    build.__doc__ = (f"torchvision {arch}, ImageNet weights or random init, its fc replaced by "
-                     "the classifier.")
+    build.__doc__ = (f"torchvision {arch}, ImageNet weights or random init, its ImageNet head "
+                     "replaced by the classifier.")
     return build
 
 
-IMAGENET_WEIGHTS = {"resnet18": "ResNet18_Weights", "resnet50": "ResNet50_Weights"}
-for _arch in IMAGENET_WEIGHTS:
-    MODELS.register(_arch)(_resnet(_arch))
+def _set_submodule(net: nn.Module, path: str, module: nn.Module) -> None:
+    parent, _, name = path.rpartition(".")
+    setattr(net.get_submodule(parent) if parent else net, name, module)
+
+
+def _replace_first_conv(net: nn.Module, channels: int) -> None:
+    """The first convolution of ``net`` for ``channels`` input channels, freshly initialised."""
+    path, conv = next((n, m) for n, m in net.named_modules() if isinstance(m, nn.Conv2d))
+    _set_submodule(net, path, nn.Conv2d(channels, conv.out_channels, conv.kernel_size,
+                                        conv.stride, conv.padding, bias=conv.bias is not None))
+
+
+IMAGENET_WEIGHTS = {name: kind.weights for name, kind in TORCHVISION.items()}
+for _arch in TORCHVISION:
+    MODELS.register(_arch)(_torchvision(_arch))
 
 
 def has_pretrained(name: str) -> bool:

@@ -95,11 +95,15 @@ class Plan:
 
     @property
     def name(self) -> str:
-        """The parent run's name: rows, dataset, settings off the defaults and the search,
-        ``fedprox [mu=0.1] digits-style clients=12 search lr (3 settings)``."""
-        keys = ", ".join([*self.search.grid, *(self.search.space if self.search.samples else [])])
-        searched = f"search {keys} ({len(self.settings)} settings)" if self.search else ""
-        return " ".join(p for p in (self.rows, self.config.dataset, self.changed, searched) if p)
+        """The parent run's name, what tells runs apart first (MLflow's runs table cuts
+        names): the search (``grid lr``, ``random lr`` with its settings), the rows, the
+        settings off the defaults, then the dataset, ``grid lr (3 settings): fedprox
+        [mu=0.1] clients=12 digits-style``."""
+        search = self.search
+        kinds = [("grid", list(search.grid)), ("random", list(search.space))] if search else []
+        searched = " ".join(f"{kind} {', '.join(keys)}" for kind, keys in kinds if keys)
+        prefix = f"{searched} ({len(self.settings)} settings): " if searched else ""
+        return prefix + " ".join(p for p in (self.rows, self.changed, self.config.dataset) if p)
 
 
 def weights_key(cfg: RunConfig) -> str:

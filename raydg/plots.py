@@ -4,6 +4,7 @@ accuracy per round over seeds, for MLflow and ``raydg report --plot``."""
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -106,12 +107,16 @@ def plot_curves(points: Sequence[dict[str, Any]], path: Path, title: str) -> Non
         ax.set_ylabel("accuracy (%)")
     for ax in axes.flat[len(targets):]:
         ax.axis("off")
-    fig.suptitle(f"{title}\nsolid: held-out domain, dashed: source validation; mean ± std "
-                 "over seeds", fontsize=10)
+    width = 4.2 * ncol  # inches; about 12 characters an inch at these font sizes
+    lines = [*textwrap.wrap(title, int(width * 12)),
+             *textwrap.wrap("solid: held-out domain, dashed: source validation; mean ± std "
+                            "over seeds", int(width * 12))]
+    fig.suptitle("\n".join(lines), fontsize=10)
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(len(methods), 4), fontsize=9,
-               frameon=False)
-    legend_rows = -(-len(methods) // 4)
+    entry = max(len(label) for label in labels) * 0.075 + 0.6  # inches: line, gap, text
+    columns = max(1, min(len(methods), 4, int(width // entry)))
+    fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=9, frameon=False)
+    legend_rows = -(-len(methods) // columns)
     fig.tight_layout(rect=(0, 0.25 * legend_rows / (3.2 * nrow + 1.4) + 0.02, 1, 1))
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight", pad_inches=0.1)  # never cut a title
     plt.close(fig)

@@ -5,6 +5,7 @@ DomainBed-style). Each entry remembers its origin: ``built-in``, or the plugin
 from __future__ import annotations
 
 import contextlib
+import difflib
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -66,9 +67,10 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         canonical = self._aliases.get(name.lower())
         if canonical is None:
-            raise RaydgError(
-                f"unknown {self.kind} {name!r}; valid {self.kind}s: {', '.join(self.names())}"
-            )
+            close = difflib.get_close_matches(name.lower(), list(self._aliases), n=1, cutoff=0.7)
+            hint = (f"did you mean {self._aliases[close[0]]}? (raydg list {self.kind}s)" if close
+                    else f"valid {self.kind}s: {', '.join(self.names())}")
+            raise RaydgError(f"unknown {self.kind} {name!r}; {hint}")
         return self._entries[canonical]
 
     def origin(self, name: str) -> str:

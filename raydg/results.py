@@ -103,6 +103,7 @@ def load_state(path: Path) -> State:
 # wherever a user reads them (console, MLflow, tables and plots logged there, reports, the API).
 UNIT_TAG = "raydg.accuracy_unit"  # "percent" on runs logged so; runs without it hold fractions
 WARNINGS_TAG = "raydg.warnings"  # a child run's warnings (divergence, collapse), one per line
+MACHINE_TAG = "raydg.machine"  # what ran a child run's driver: CPU model and count, its GPU
 
 
 def is_accuracy(name: str) -> bool:
@@ -237,18 +238,32 @@ def format_summary(summary: list[dict[str, Any]], targets: list[str], seeds: int
             continue
         also = "".join(f"; the same at the {SELECTIONS[s].split(' (')[0]}" for s in same)
         blocks.append(text_table(
-            f"Accuracy (%) on the held-out domain, {title}, {seeds} seed(s){also}",
+            f"Accuracy (%) on the held-out domain, {title}, {over_seeds(seeds)}{also}",
             ["Method", *cols, "Steps/client"], bodies[sel]))
     return "\n\n".join(blocks)
 
 
-def cell(mean: float, std: float, seeds: int, row_seeds: int = 0) -> str:
-    """``mean ± std`` over ``seeds`` (the mean alone for one; ``—`` for none), followed by
-    ``(seeds)`` where its row has more (``row_seeds``): a cell over fewer runs than its row
-    says so (:data:`FEWER_SEEDS`)."""
+ERRORS = {"std": "std", "se": "standard error"}  # what a table's ± is, over seeds
+
+
+def over_seeds(seeds: int | str, error: str = "std") -> str:
+    """What a table's cells are: ``mean ± std over 5 seeds (Avg: of the per-seed means over
+    the targets)``; one seed: its accuracy."""
+    if seeds == 1:
+        return "1 seed"
+    return (f"mean ± {ERRORS[error]} over {seeds} seeds (Avg: of the per-seed means over the "
+            "targets)")
+
+
+def cell(mean: float, std: float, seeds: int, row_seeds: int = 0, error: str = "std") -> str:
+    """``mean ± std`` over ``seeds`` (``error="se"``: ± the standard error, std / sqrt(n), as
+    DomainBed reports; the mean alone for one seed; ``—`` for none), followed by ``(seeds)``
+    where its row has more (``row_seeds``): a cell over fewer runs than its row says so
+    (:data:`FEWER_SEEDS`)."""
     if np.isnan(mean):
         return MISSING
-    text = f"{mean:.2f} ± {std:.2f}" if seeds > 1 else f"{mean:.2f}"
+    spread = std / np.sqrt(seeds) if error == "se" and seeds > 1 else std
+    text = f"{mean:.2f} ± {spread:.2f}" if seeds > 1 else f"{mean:.2f}"
     return text + (f" ({seeds})" if seeds < row_seeds else "")
 
 

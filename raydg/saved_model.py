@@ -5,9 +5,10 @@
 
 ``model.predict(images)`` takes uint8 images ``(n, C, H, W)`` as raydg's datasets hold them
 (``raydg.datasets.load_dataset(...).domain(name).x``) and returns class indices;
-``model.module`` is the torch model in eval mode. A child run logs beside its weights
-(``model/final.npz``, ``model/selected.npz``: the training-domain-validated round's) what
-rebuilding needs, ``model/model.json``: the architecture and its input (model name,
+``model.module`` is the torch model in eval mode. A child run logs an MLflow model,
+``model/`` (:mod:`raydg.mlflow_model`: ``mlflow.pyfunc.load_model`` loads it too), whose
+artifacts are its weights (``final.npz``, ``selected.npz``: the training-domain-validated
+round's) and what rebuilding needs, ``model.json``: the architecture and its input (model name,
 channels, classes and their names, image size, the dataset's normalisation) and the method
 with its options and reported inference mode (e.g. FedSR's mean embedding). A plugin's method
 or model must be registered (imported) before loading.
@@ -82,10 +83,11 @@ def load_model(run_id: str, tracking_uri: str | None = None,
     except Exception as err:  # MlflowException, OSError: the run or its artifacts are missing
         raise RaydgError(f"run {run_id} in {uri} has no logged model: {err} (a child run, "
                          "one per federation, logs its model)") from None
-    if not (folder / INFO).exists():
+    files = folder / "artifacts" if (folder / "artifacts" / INFO).exists() else folder  # older
+    if not (files / INFO).exists():
         raise RaydgError(f"run {run_id} in {uri} has no logged model/{INFO}: an older raydg "
                          "logged it")
-    return build(json.loads((folder / INFO).read_text()), folder / f"{which}.npz")
+    return build(json.loads((files / INFO).read_text()), files / f"{which}.npz")
 
 
 def build(info: dict[str, Any], weights: Path) -> SavedModel:

@@ -29,10 +29,12 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import NoReturn
 
 TERMINATED = threading.Event()  # the experiment was stopped by SIGTERM
@@ -130,10 +132,19 @@ def tell_parent(key: str, value: dict[str, str] | None = None) -> None:
             os.write(fd, (json.dumps({key: value or {}}) + "\n").encode())
 
 
+def command(name: str) -> str:
+    """``name`` (raydg, mlflow) as the user can type it: the bare name where it is on PATH as
+    this environment's, else its full path (a virtual environment not activated)."""
+    mine = Path(sys.executable).parent / name
+    found = shutil.which(name)
+    return name if found and Path(found).resolve() == mine.resolve() else str(mine)
+
+
 def say_stopped(directory: str) -> None:
     """The lines that end an experiment stopped by SIGTERM."""
     print(f"raydg: stopped (SIGTERM); the runs are marked KILLED\n"
-          f"raydg: continue with: raydg resume {directory}", file=sys.stderr, flush=True)
+          f"raydg: continue with: {command('raydg')} resume {directory}", file=sys.stderr,
+          flush=True)
 
 
 def _told(reader: int) -> dict[str, dict[str, str]]:

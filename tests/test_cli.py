@@ -54,8 +54,8 @@ def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
     assert len(parents) == 1 and len(children) == 2
     parent = parents[0]
     # what differs from the defaults names the run and is said as it starts
-    assert parent.info.run_name == ("fedprox [mu=0.1] digits-style rounds=2 local_steps=3 "
-                                    "batch_size=16")
+    assert parent.info.run_name == ("fedprox [mu=0.1] rounds=2 local_steps=3 batch_size=16 "
+                                    "digits-style")
     assert "raydg: fedprox [mu=0.1] on digits-style (rounds=2 local_steps=3 batch_size=16), " \
         "targets ['sketch']" in result.output
     assert parent.data.params["method"] == "fedprox"
@@ -120,7 +120,16 @@ def test_yaml_then_set_precedence(tmp_path):
 
 BAD_INPUTS = [
     (["run", "digits-style", "--method", "nope"], "unknown method 'nope'; valid methods: "),
-    (["run", "mnist"], "unknown dataset 'mnist'; valid datasets:"),
+    (["run", "mnist"], "unknown dataset 'mnist'; did you mean rotmnist? (raydg list "
+                       "datasets)"),
+    (["run", "digits-style", "--method", "fedavgg"], "unknown method 'fedavgg'; did you mean "
+                                                    "fedavg? (raydg list methods)"),
+    (["run", "digits-style", "--set", "option.mu=0.1"], "unknown config key 'option.mu'; did "
+                                                        "you mean options.mu?"),
+    (["run", "digits-style", "--set", "options.mu=0.1"],
+     "for method fedavg; valid: none; 'mu' is an option of fedprox (--method)"),
+    (["run", "--config", "csac-rotmnst"], "nor is it the name of a ready-made config; did you "
+                                          "mean csac-rotmnist?"),
     (["run", "digits-style", "--set", "colour=1"], "unknown config key 'colour'"),
     (["run", "digits-style", "--set", "options.nu=1"], "unknown option(s) ['nu']"),
     (["run", "digits-style", "--dirichlet", "0"], "alpha must be positive"),
@@ -317,11 +326,11 @@ def test_a_sweep_prints_no_line_of_rays_logs(tmp_path):
 
 
 def test_the_readmes_option_table_and_run_help_name_the_same_options():
-    """Every option of ``raydg run`` is in the README's table of them, and every option the
+    """Every option of ``raydg run`` is in the docs' table of them, and every option the
     table names is one of ``raydg run``'s."""
     import re
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs/guides/command-line.md").read_text()
     table = readme.split("`raydg run [OPTIONS] [DATASET]` options", 1)[1].split("\n\n", 2)[1]
     named = set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-z])\b", table))
     run = cli.commands["run"]
@@ -334,8 +343,7 @@ def test_the_readmes_option_table_and_run_help_name_the_same_options():
 
 
 def test_the_readme_names_every_option_of_raydg_report():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### A paper's table: `raydg report`", 1)[1].split("\n## ", 1)[0]
+    section = (Path(__file__).resolve().parents[1] / "docs/guides/report.md").read_text()
     options = [o for p in cli.commands["report"].params for o in p.opts
                if o.startswith("--") and o != "--help"]
     assert [o for o in options if o not in section] == []

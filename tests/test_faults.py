@@ -146,12 +146,12 @@ def _stopped_with_ctrl_c(uri: str, env: dict[str, str]) -> tuple[str, Run]:
     assert proc.returncode == 130, printed[-2000:]
     assert ray_lines(printed) == []
     assert _left(under) == []
-    (resume,) = [line for line in printed.splitlines() if "continue with: raydg resume" in line]
+    (resume,) = [line for line in printed.splitlines() if "continue with: " in line]
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
     assert {r.info.status for r in runs} == {"KILLED"} and len(runs) == 2
     parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
-    return resume.split("raydg resume ")[1].strip(), parent
+    return resume.split("raydg resume ")[1].strip(), parent  # bare or the venv's raydg
 
 
 def _break_the_checkpoints(directory: str, env: dict[str, str]) -> Path:
@@ -188,6 +188,9 @@ def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "RAYDG_STORAGE": str(tmp_path / "results")}
     directory, parent = _stopped_with_ctrl_c(uri, env)
+    listed = _cli("resume", env=env)  # no target: what can continue, with its command
+    said, _ = listed.communicate(timeout=120)
+    assert listed.returncode == 0 and "KILLED: " in said and f" resume {directory}" in said
     older = _break_the_checkpoints(directory, env)
     again = _cli("resume", parent.info.run_id, "--tracking-uri", uri, env=env)
     printed, _ = again.communicate(timeout=300)
@@ -226,7 +229,7 @@ def test_sigterm_stops_cleanly_with_143(tmp_path, to):
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("digits-style").experiment_id])
     assert {r.info.status for r in runs} == {"KILLED"}
-    (hint,) = [line for line in printed.splitlines() if "continue with: raydg resume" in line]
+    (hint,) = [line for line in printed.splitlines() if "continue with: " in line]
     if to == "all":  # Ray ended with raydg: the run goes on from what Tune recorded
         again = _cli("resume", hint.split("raydg resume ")[1].strip(), env=env)
         printed, _ = again.communicate(timeout=300)

@@ -53,6 +53,20 @@ def test_xan_is_the_softmax_weighted_sum_of_in_and_bn():
     np.testing.assert_allclose(fresh, [0.5, 0.5])  # both scores start at 1.0
 
 
+def test_on_one_by_one_maps_the_in_side_is_its_bias_as_the_definition_gives():
+    """(x - mean) / sqrt(var + eps) of a single value is 0: g*0 + b; torch refuses to train IN
+    there, and a 32 px image is 1x1 after a ResNet's layer4."""
+    layer, x = XAN(nn.BatchNorm2d(3)), torch.randn(4, 3, 1, 1, requires_grad=True)
+    with torch.no_grad():
+        layer.inorm.bias.copy_(torch.tensor([0.5, -1.0, 2.0]))
+    bn = layer.bn(x).detach().numpy()
+    expected = 0.5 * np.array([0.5, -1.0, 2.0])[None, :, None, None] + 0.5 * bn
+    np.testing.assert_allclose(layer.train()(x).detach().numpy(), expected, rtol=1e-6)
+    layer(x).sum().backward()
+    assert layer.inorm.bias.grad is not None and torch.isfinite(x.grad).all()
+    assert IBN(nn.BatchNorm2d(4)).train()(torch.randn(2, 4, 1, 1)).shape == (2, 4, 1, 1)
+
+
 def _round_two_views(name="gperxan", **options):
     cfg = tiny_config(method=name, local_steps=4)
     data = load_dataset(cfg.dataset, None, cfg.image_size)

@@ -59,3 +59,23 @@ def test_a_round_is_compared_with_round_one():
 def test_non_finite_weights_are_flagged():
     assert health.nonfinite_weights({"w": np.ones(3)}) is None
     assert health.nonfinite_weights({"w": np.array([1.0, np.nan])}) is not None
+
+
+def test_a_loss_that_still_falls_near_chance_is_a_slow_start_not_a_collapse():
+    """FedFD on digits-gen's high-frequency target, seed 2: three rounds within 2 % of ln(10)
+    and validation below 20 %, but falling; it reached 32 % validation by round 10. A flat
+    loss at ln(10) is still a collapse."""
+    slow = [{"train_loss": v, "val_acc": a} for v, a in ((2.338, 0.09), (2.303, 0.083),
+                                                           (2.265, 0.139))]
+    assert health.collapse(slow, 10) is None
+    flat = [{"train_loss": math.log(10) + d, "val_acc": 0.1} for d in (0.004, -0.003, 0.002)]
+    assert health.collapse(flat, 10).startswith("the training loss has stayed at ln(10)")
+    # FedFD at 32 px, seed 1: within 1 % of ln(10) over three rounds, but falling in each by
+    # 0.021 in all (more than 0.25 % of ln(10), 0.0058): a slow start, as FedAvg's there
+    steady = [{"train_loss": v, "val_acc": a} for v, a in ((2.292, 0.160), (2.288, 0.194),
+                                                           (2.279, 0.181))]
+    assert health.collapse(steady, 10) is None
+    wiggle = [{"train_loss": v, "val_acc": 0.14} for v in (2.272, 2.259, 2.262)]  # MixStyle
+    assert health.collapse(wiggle, 10) is None  # up once, down by 0.010 in all: still falling
+    stuck = [{"train_loss": math.log(10) - d, "val_acc": 0.1} for d in (0.0001, 0.0004, 0.0009)]
+    assert health.collapse(stuck, 10) is not None  # falling, by 8e-4: stuck at uniform

@@ -38,3 +38,15 @@ def test_mixstyle_is_inserted_after_the_early_stages():
     assert not isinstance(resnet.features.layer4[-1], MixStyle)
     x = torch.randn(2, 3, 16, 16)
     assert cnn.eval()(x).shape == (2, 10)
+
+
+def test_a_one_by_one_map_passes_unchanged_and_the_last_stage_never_gets_mixstyle():
+    """A 1x1 map has no spatial statistics (its unbiased variance is NaN): unchanged. AlexNet
+    has three stages, so MixStyle follows its first two (a 64 px image is 1x1 after its last)."""
+    x = torch.randn(4, 8, 1, 1)
+    assert torch.equal(MixStyle(p=1.0, alpha=0.1).train()(x), x)
+    alexnet = METHODS.get("mixstyle")().build_model(ModelSpec("alexnet", 3, 7, 64))
+    assert [i for i, m in enumerate(alexnet.features.features)
+            if isinstance(m, torch.nn.Sequential) and isinstance(m[-1], MixStyle)] == [2, 5]
+    out = alexnet.train()(torch.randn(4, 3, 64, 64))
+    assert torch.isfinite(out).all()

@@ -1,9 +1,11 @@
-"""Backbones: ImageNet weights from torch's cache or a user's file, and their config rules."""
+"""Backbones: torchvision's by name, ImageNet weights from torch's cache or a user's file,
+their config rules, and every method on each."""
 
 from __future__ import annotations
 
 import urllib.error
 
+import numpy as np
 import pytest
 import torch
 import torchvision
@@ -11,7 +13,16 @@ from torch import nn
 
 from raydg.config import RunConfig
 from raydg.errors import RaydgError
-from raydg.models import ModelSpec, build_model, file_state, has_batchnorm, imagenet_weights
+from raydg.methods import METHODS, method_class
+from raydg.methods.base import Method
+from raydg.models import (
+    TORCHVISION,
+    ModelSpec,
+    build_model,
+    file_state,
+    has_batchnorm,
+    imagenet_weights,
+)
 from raydg.plan import init_weights
 from raydg.resolve import resolve
 
@@ -132,3 +143,85 @@ def test_mnist_cnn_bn_puts_a_batchnorm_after_each_conv_in_place_of_its_bias():
     assert sum(p.numel() for p in model.parameters()) == plain - 32 - 64 + 2 * (32 + 64)
     assert has_batchnorm("mnist-cnn-bn") and not has_batchnorm("mnist-cnn")
     assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+
+
+# The torchvision backbones: each built as torchvision builds it, less its ImageNet head.
+EXPECTED_BN = {"resnet18": True, "resnet34": True, "resnet50": True, "resnet101": True,
+               "alexnet": False, "densenet121": True, "mobilenet_v3_small": True}
+CHANGES_THE_NETWORK = [n for n, c in METHODS if c.build_model is not Method.build_model
+                       and n != "local"]  # local: copies of the plain backbone, one per client
+
+
+@pytest.mark.parametrize("arch", sorted(TORCHVISION))
+def test_each_backbone_is_torchvisions_without_its_head(arch):
+    reference = getattr(torchvision.models, arch)(weights=None)
+    head = reference.get_submodule(TORCHVISION[arch].head)
+    model = build_model(ModelSpec(arch, 3, 7, 64))
+    count = sum(p.numel() for p in model.features.parameters())
+    assert count == sum(p.numel() for p in reference.parameters()) - sum(
+        p.numel() for p in head.parameters())
+    assert model.classifier.in_features == head.in_features
+    assert has_batchnorm(arch) is EXPECTED_BN[arch]
+    for stage in model.features.stages:  # where MixStyle goes and what CSAC aligns
+        model.features.get_submodule(stage)
+    assert build_model(ModelSpec(arch, 1, 7, 64)).features(torch.randn(2, 1, 64, 64)).shape == (
+        2, head.in_features)  # grey images: a fresh first convolution
+
+
+@pytest.mark.parametrize("arch", sorted(TORCHVISION))
+def test_the_methods_that_change_the_network_take_a_step_on_each_backbone(arch):
+    """Each method whose network is not the plain backbone (MixStyle's layers, CSAC's
+    projections, gPerXAN's normalisers, FedFD-A's statistics, FedSR's representation) is built
+    on ``arch``, takes one forward and backward step and changes its weights; one that acts on
+    BatchNorm is refused on a backbone without it. 32 px (AlexNet: 64, its smallest)."""
+    size = 64 if arch == "alexnet" else 32
+    spec, x = ModelSpec(arch, 3, 7, size), torch.randn(4, 3, size, size)
+    y = torch.tensor([0, 1, 2, 3])
+    for name in CHANGES_THE_NETWORK:
+        cls = method_class(name)
+        if cls.needs_batchnorm and not has_batchnorm(arch):
+            with pytest.raises(RaydgError, match=f"model {arch} has none"):
+                resolve(RunConfig(dataset="digits-style", model=arch, method=name))
+            continue
+        torch.manual_seed(0)
+        model = cls(cls.parse_options({})).build_model(spec)
+        before = [p.detach().clone() for p in model.parameters()]
+        optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.train()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimiser.step()
+        assert all(torch.isfinite(p).all() for p in model.parameters()), name
+        after = list(model.parameters())
+        assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True)), name
+
+
+def test_a_non_resnet_starts_from_a_torchvision_weights_file(tmp_path):
+    torch.manual_seed(5)
+    state = torchvision.models.mobilenet_v3_small(weights=None).state_dict()
+    torch.save(state, tmp_path / "mnv3.pth")
+    model = build_model(ModelSpec("mobilenet_v3_small", 3, 7, 64,
+                                  weights=file_state(tmp_path / "mnv3.pth")))
+    assert torch.equal(model.features.features[0][0].weight, state["features.0.0.weight"])
+    assert torch.equal(model.features.classifier[0].weight, state["classifier.0.weight"])
+    assert model.classifier.out_features == 7  # classifier.3, the ImageNet head: not used
+    with pytest.raises(RaydgError, match="do not fit"):
+        build_model(ModelSpec("densenet121", 3, 7, 64, weights=state))
+
+
+def test_every_training_method_runs_a_round_on_the_smallest_backbone(ray_session, tmp_path):
+    """One round of every training method on mobilenet_v3_small (1.5 M parameters), at 64 px:
+    at 32 px its last maps are 1x1, where instance normalisation (gPerXAN) has nothing to
+    normalise."""
+    from raydg.config import Search
+    from raydg.experiment import run_experiment
+
+    training = [n for n, c in METHODS if not (c.augmentation or c.aggregation)]
+    cfg = RunConfig(dataset="digits-style", model="mobilenet_v3_small", image_size=64,
+                    target="sketch", rounds=1, local_steps=2, batch_size=8, val_every=2,
+                    tracking_uri=f"sqlite:///{tmp_path}/m.db", storage=str(tmp_path / "r"))
+    result = run_experiment(cfg, Search(grid={"method": training}), out=lambda _: None,
+                            progress="none")
+    assert sorted(r.method.split(" ")[0] for r in result.runs) == sorted(training)
+    for r in result.runs:
+        assert all(np.isfinite(h["train_loss"]) for h in r.history), r.method
+        assert 0 <= r.selected[r.mode] <= 100, r.method

@@ -210,7 +210,8 @@ def test_cosine_learning_rate_anneals_over_the_rounds():
 @pytest.mark.parametrize("method", ["fedbn", "silobn", "fedfd", "fedfd-a", "gperxan"])
 def test_methods_that_act_on_batchnorm_refuse_a_model_without_it(method):
     with pytest.raises(RaydgError, match=f"{method} acts on BatchNorm layers and model "
-                                         r"mnist-cnn has none; .*\(cnn, mnist-cnn-bn, resnet18"):
+                                         r"mnist-cnn has none; .*\(cnn, densenet121, mnist-cnn-bn, "
+                                         r"mobilenet_v3_small, resnet101, resnet18"):
         resolve(RunConfig(dataset="rotmnist", method=method, model="mnist-cnn"))
     assert resolve(RunConfig(dataset="rotmnist", method=method, model="cnn")).model == "cnn"
     for fine in ("fedavg", "csac", "elcfs", "fedsr"):
@@ -225,7 +226,7 @@ def test_a_batchnorm_method_off_a_datasets_default_model_is_named_by_its_model(m
     plan = plan_experiment(RunConfig(dataset="rotmnist", method=method, model="mnist-cnn-bn",
                                      target="M0"))
     assert plan.changed == "model=mnist-cnn-bn"
-    assert plan.name == f"{method} rotmnist model=mnist-cnn-bn"
+    assert plan.name == f"{method} model=mnist-cnn-bn rotmnist"
 
 
 def test_planning_builds_no_model_it_does_not_run():
@@ -346,8 +347,9 @@ def test_warnings_name_what_makes_a_weak_or_slow_partition_workable():
 
 
 def test_an_experiment_is_named_by_what_differs_from_the_defaults():
-    """The parent run's name: rows, dataset, the settings off the dataset's defaults (a value
-    equal to the default is not named) and the search."""
+    """The parent run's name: the search first (MLflow's runs table cuts names), then rows,
+    the settings off the dataset's defaults (a value equal to the default is not named) and
+    the dataset."""
     assert plan_experiment(RunConfig(dataset="digits-style", method="fedprox",
                                      lr=DATASETS.get("digits-style").defaults.lr)
                            ).name == "fedprox digits-style"
@@ -355,5 +357,8 @@ def test_an_experiment_is_named_by_what_differs_from_the_defaults():
                                      dirichlet=0.5, options={"mu": 0.1}),
                            Search(grid={"lr": [0.01, 0.1]}))
     assert grid.changed == "clients=12 dirichlet=0.5"
-    assert grid.name == ("fedprox [mu=0.1] digits-style clients=12 dirichlet=0.5 "
-                         "search lr (2 settings)")
+    assert grid.name == ("grid lr (2 settings): fedprox [mu=0.1] clients=12 dirichlet=0.5 "
+                         "digits-style")
+    random = plan_experiment(RunConfig(dataset="digits-style", method="fedprox"),
+                             Search(space={"lr": {"uniform": [0.01, 0.1]}}, samples=3))
+    assert random.name == "random lr (3 settings): fedprox digits-style"  # apart from the grid

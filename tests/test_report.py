@@ -273,6 +273,26 @@ def test_logged_models_load_in_two_lines_and_score_the_logged_accuracies(store):
         raydg.load_model(run.data.tags["mlflow.parentRunId"], tracking_uri=store)
 
 
+def test_the_logged_model_is_an_mlflow_model_that_predicts_as_raydg_load_model(store):
+    """``mlflow.pyfunc.load_model`` on a child run's ``model`` (an MLflow model from code, no
+    pickle): the same predictions as ``raydg.load_model``, with a uint8 image signature."""
+    import mlflow
+
+    import raydg
+    from raydg.datasets import load_dataset
+
+    run = child_runs(store, "0.05", "fedbn")[0]
+    test = load_dataset("digits-rot", None, None).domain(run.data.tags["raydg.target"])
+    mlflow.set_tracking_uri(store)
+    served = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    ours = raydg.load_model(run.info.run_id, tracking_uri=store)
+    np.testing.assert_array_equal(served.predict(test.x[:64]), ours.predict(test.x[:64]))
+    (inputs,) = served.metadata.get_input_schema().inputs
+    assert inputs.type == np.dtype("uint8") and inputs.shape == (-1, *test.x.shape[1:])
+    assert "python_model.pkl" not in {a.path.split("/")[-1] for a in MlflowClient(
+        store).list_artifacts(run.info.run_id, "model")}
+
+
 def test_rows_name_the_options_that_are_not_the_papers(tmp_path, ray_session):
     """A run off its method's paper values is tagged so, and the report labels its row even
     when it is the method's only run; a run at the paper's values keeps the plain name."""

@@ -119,8 +119,9 @@ def test_rows_with_fewer_seeds_say_so(store, tmp_path):
     table says 1-2 seeds and gains a Seeds column."""
     lines = _report_without(store, tmp_path, lambda t: (t.get("raydg.method"), t.get(
         "raydg.seed")) == ("fedbn", "1")).splitlines()
-    assert lines[0].endswith("selected round (training-domain validation), 1-2 seeds (Seeds: "
-                             "per row)"), lines[0]
+    assert lines[0].endswith("selected round (training-domain validation), mean ± std over 1-2 "
+                             "seeds (Avg: of the per-seed means over the targets); Seeds: per "
+                             "row"), lines[0]
     assert lines[1].split() == ["Method", *TARGETS, "Avg", "Seeds"]
     fedavg, fedbn = (next(line.split() for line in lines if line.startswith(m + " "))
                      for m in METHODS)
@@ -155,6 +156,7 @@ def test_a_domain_without_every_seed_is_shown_as_it_is_and_avg_only_over_whole_s
     versus0 = avg0 - np.mean([acc["fedavg", "M0", 0], acc["fedavg", "M45", 0]])
     assert cells[1:] == [f"{acc['fedbn', 'M45', 0]:.2f} (1)", f"{avg0:.2f} (1)",
                          f"{versus0:+.2f} (1 seed)"]
-    assert lines[0].endswith("2 seed(s); (n): a cell over n seeds, fewer than its row's")
+    assert lines[0].endswith("mean ± std over 2 seeds (Avg: of the per-seed means over the "
+                             "targets); (n): a cell over n seeds, fewer than its row's")
     assert record["Avg"] == pytest.approx(avg0)
     assert (record["M0_seeds"], record["M45_seeds"], record["Avg_seeds"]) == (2, 1, 1)

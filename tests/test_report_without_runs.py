@@ -184,3 +184,33 @@ def test_several_stores_are_read_as_one(tmp_path):
     assert ledger.exit_code == 2 and "--ledger reads one store's artifacts" in ledger.output
     none = CliRunner().invoke(cli, ["report", "--tracking-uri", f"sqlite:///{stores}/x*.db"])
     assert none.exit_code == 1 and "no MLflow store matches" in none.output
+
+
+def test_a_single_panel_figure_keeps_its_title_and_legend_whole(tmp_path, monkeypatch):
+    """One target (``raydg report --dataset digits-rot --plot``'s shape with one domain): the
+    title, its subtitle and every legend entry lie inside the saved image."""
+    import matplotlib.figure
+
+    from raydg.plots import plot_curves
+
+    kept = []
+    save = matplotlib.figure.Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        fig.canvas.draw()  # the layout that savefig draws, before measuring it
+        renderer = fig.canvas.get_renderer()
+        area = (fig.get_tightbbox(renderer).padded(kwargs.get("pad_inches", 0.1))
+                if kwargs.get("bbox_inches") == "tight" else fig.bbox_inches)  # saved, inches
+        texts = [fig._suptitle, *fig.legends[0].get_texts()]
+        kept.append([area.contains(*corner) for t in texts
+                     for corner in t.get_window_extent(renderer).transformed(
+                         fig.dpi_scale_trans.inverted()).corners()])
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
+    methods = ["fedfd-a [cafl_reduction=mean adapter_lr_scale=10.0]", "fedprox [mu=0.1]",
+               "fedavg+ga [step_size=0.1 metric=acc]"]
+    points = [{"method": m, "target": "M0", "seed": 0, "round": r, "target_acc": 50.0 + r,
+               "val_acc": 60.0} for m in methods for r in (1, 2)]
+    plot_curves(points, tmp_path / "one.png", "digits-rot: " + ", ".join(methods) + " [lr=0.05]")
+    assert kept and all(kept[0])

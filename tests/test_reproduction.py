@@ -1,5 +1,6 @@
 """The published-table page: statistics by hand, the goal's verdicts, protocol checks on
-export, and the committed page against what the command prints from the committed rows."""
+export, a design's paired comparisons against numpy and scipy's t quantile, and the committed
+page against what the command prints from the committed rows."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import pytest
 
 from raydg.errors import RaydgError
 from raydg.reporting.reproduction import (
+    Comparison,
+    Design,
     Goal,
     cells,
+    compare,
     export_rows,
     merge,
     page,
@@ -30,7 +34,7 @@ TARGETS = ["M0", "M15"]
 def _row(method, target, seed, acc):
     return {"method": method, "variant": "", "target": target, "seed": seed, "selected": acc - 1,
             "last": acc - 2, "oracle": acc, "selected_round": 3, "steps_per_client": 70,
-            "options": "", "fingerprint": "abc"}
+            "options": "", "fingerprint": "abc", "machine": "", "wall_s": ""}
 
 
 def test_cells_are_means_and_sample_stds_and_avg_uses_complete_seeds_only():
@@ -66,7 +70,7 @@ def _run(status="FINISHED", **params):
     return Run("r1", status, "fedavg", "M0", 0, "global", {**base, **params},
                {"final/target_acc_oracle/global": 90.0, "final/target_acc_selected/global": 80.0,
                 "final/target_acc_last/global": 85.0, "selected_round": 7,  # percent, as read
-                "steps_per_client": 2800})
+                "steps_per_client": 2800}, machine="Xeon x2 CPUs", wall_s=612.4)
 
 
 def test_export_keeps_finished_runs_of_the_protocol_and_refuses_others(tmp_path):
@@ -76,7 +80,8 @@ def test_export_keeps_finished_runs_of_the_protocol_and_refuses_others(tmp_path)
     rows = export_rows([_run(), _run("RUNNING")], expected, {"r1": "f00d"}, None, unlogged)
     assert rows == [{"method": "fedavg", "variant": "", "target": "M0", "seed": 0,
                      "selected": 80.0, "last": 85.0, "oracle": 90.0, "selected_round": 7,
-                     "steps_per_client": 2800, "options": "mu=0.1", "fingerprint": "f00d"}]
+                     "steps_per_client": 2800, "options": "mu=0.1", "fingerprint": "f00d",
+                     "machine": "Xeon x2 CPUs", "wall_s": 612}]
     for changed, name in (({"model": "cnn"}, "model"), ({"options.mu": "1.0"}, "options.mu"),
                           ({"optimizer": "adam"}, "optimizer")):  # options and unset keys too
         with pytest.raises(RaydgError, match=rf"differs from the config in \['{name}'\]"):
@@ -96,7 +101,7 @@ def test_the_page_labels_ablations_beside_the_protocols_row():
              "accuracy": {"fedavg": {"M0": 80.0, "M15": 98.0, "Avg": 89.0}}}
     rows = [_row("fedavg", "M0", 0, 82.0), {**_row("fedavg", "M0", 0, 70.0),
                                             "variant": "model=cnn"}]
-    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, 5, "rows.csv",
+    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, range(5), "rows.csv",
                 "cmd", "cfg.yaml")
     assert "| FedAvg*, raydg | 82.00 (1) | — | — |" in text  # the ablation stays out of it
     assert "| FedAvg* [model=cnn] | 70.00 (1) | — | — |" in text
@@ -111,7 +116,7 @@ def test_the_page_names_the_data_of_each_images_fingerprint():
             {**_row("fedavg", "M0", 0, 81.0), "variant": "dataset=rotmnist-ccw"},
             {**_row("fedavg", "M0", 0, 79.0), "variant": "lr=0.1 dataset=rotmnist-redraw",
              "fingerprint": "0ff"}]
-    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, 5, "rows.csv",
+    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, range(5), "rows.csv",
                 "cmd", "cfg.yaml")
     assert ("Images: fingerprint 0ff (dataset=rotmnist-redraw), abc (the protocol's, "
             "dataset=rotmnist-ccw).") in text
@@ -147,10 +152,11 @@ def test_other_methods_are_pointed_to_and_a_bn_fedavg_is_an_ablation_row():
     rows += [{**_row("fedavg", t, 0, acc), "variant": bn} for t, acc in (("M0", 71), ("M15", 81))]
     rows += [{**_row(m, t, 0, 75.0), "variant": v} for m, v in (("fedbn", bn), ("fedprox", ""))
              for t in TARGETS]
-    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, 5, "r.csv", "c",
-                "p.yaml")
+    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, range(5), "r.csv",
+                "c", "p.yaml")
     assert "Other methods in the rows (fedbn, fedprox): [fidelity.md](fidelity.md)" in text
-    assert "| fedbn" not in text and "| fedprox" not in text
+    tables = text.split("## Machines and wall time")[0]  # which lists every row's machines
+    assert "| fedbn" not in tables and "| fedprox" not in tables
     assert f"| FedAvg* [{bn}] | 71.00 (1) | 81.00 (1) | 76.00 (1) |" in text  # oracle
 
 
@@ -162,9 +168,9 @@ def test_the_papers_cited_rows_are_printed_as_published_and_checked():
              "cited": {"CrossGrad": {"M0": 86.03, "M15": 98.9, "Avg": 92.5}}}
     assert paper_numbers({"paper": paper}, "p.yaml") is paper
     text = page([_row("fedavg", "M0", 0, 82.0)], paper, {"fedavg": "FedAvg*"},
-                {"fedavg": Goal(1, 2.5)}, 5, "r.csv", "c", "p.yaml")
+                {"fedavg": Goal(1, 2.5)}, range(5), "r.csv", "c", "p.yaml")
     assert "| CrossGrad | 86.03 | 98.90 | 92.50 |" in text.split("## The paper's cited rows")[1]
-    with pytest.raises(RaydgError, match="optionally cited"):
+    with pytest.raises(RaydgError, match=r"cited: \{row: \{domain: percent\}\}"):
         paper_numbers({"paper": {**paper, "cited": {"CrossGrad": {"M0": "high"}}}}, "p.yaml")
     for empty in ({}, {"fedavg": {}}):  # nothing to print beside the runs: refused
         with pytest.raises(RaydgError, match="with at least one number"):
@@ -181,8 +187,8 @@ def test_an_ablation_is_compared_with_the_protocol_on_its_own_seeds():
              "accuracy": {"fedavg": {"M0": 80.0, "M15": 98.0, "Avg": 89.0}}}
     rows = [_row("fedavg", "M0", 0, 80.0), _row("fedavg", "M0", 1, 90.0),
             {**_row("fedavg", "M0", 0, 83.0), "variant": "local_steps=100"}]
-    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, 5, "r.csv", "c",
-                "p.yaml")
+    text = page(rows, paper, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, range(5), "r.csv",
+                "c", "p.yaml")
     oracle = text.split("Oracle round:")[1].split("Selected round:")[0]
     assert "| FedAvg*, same seeds | 80.00 (1) | — | — |" in oracle  # seed 1's 90 left out
     assert "| [local_steps=100] - protocol | +3.00 | — | — |" in oracle  # not 83 - 85
@@ -195,20 +201,72 @@ def test_a_judged_rows_misses_are_listed_with_the_cited_range_and_the_ablations_
              "cited": {"A": {"M0": 85.0, "M15": 99.0, "Avg": 92.0},
                        "B": {"M0": 88.0, "M15": 97.5, "Avg": 92.75}}}
     # fedavg, 2 seeds: M0 83 and 85 (mean 84, +4: a miss), M15 98.5 (+0.5); Avg per seed
-    # 90.75 and 91.75, so 91.25 ± 0.71 (+2.25: a miss of the Avg goal)
+    # 90.75 and 91.75, so 91.25, standard error 0.50 (+2.25: a miss of the Avg goal)
     rows = [_row("fedavg", "M0", s, acc) for s, acc in ((0, 83.0), (1, 85.0))]
     rows += [_row("fedavg", "M15", s, 98.5) for s in (0, 1)]
     rows += [{**_row("fedavg", "M0", 1, 80.0), "variant": "local_steps=14"}]  # 80 - 85
     rows += [_row("csac", "M0", 0, 60.0)]  # not judged (1 of 2 seeds on one target)
     goals = {"fedavg": Goal(1.0, 2.5), "csac": Goal(1.0, 2.5)}
-    text = page(rows, paper, {"fedavg": "FedAvg*"}, goals, 2, "r.csv", "c", "p.yaml")
+    text = page(rows, paper, {"fedavg": "FedAvg*"}, goals, [0, 1], "r.csv", "c", "p.yaml")
     missed = text.split("## Where the judged rows miss")[1].split("## ")[0]
     table = [line for line in missed.splitlines() if line.startswith("| FedAvg*")]
     assert table == [  # csac's M0, one run of 60 against the paper's 70: -10.00
-        "| FedAvg* | M0 | 80.00 | 84.00 ± 1.41 (2) | +4.00 | csac -10.00 (1) | 85.00 to 88.00 | "
-        "[local_steps=14] -5.00 (1) |",
-        "| FedAvg* | Avg | 89.00 | 91.25 ± 0.71 (2) | +2.25 | — | 92.00 to 92.75 | none yet |"]
+        "| FedAvg* | M0 | 80.00 | 84.00 ± 1.00 (2) | +4.00 | csac -10.00 (1) | 85.00 to 88.00 | "
+        "[local_steps=14] -5.00 (1) |",  # ± the standard error: 1.41 / sqrt(2)
+        "| FedAvg* | Avg | 89.00 | 91.25 ± 0.50 (2) | +2.25 | — | 92.00 to 92.75 | none yet |"]
     assert not [line for line in missed.splitlines() if line.startswith("| csac")]
     met = [r for r in rows if r["target"] == "M15" or r["variant"]]
     assert "## Where" not in page(met + [_row("fedavg", "M0", s, 80.5) for s in (0, 1)], paper,
-                                  {}, goals, 2, "r.csv", "c", "p.yaml")
+                                  {}, goals, [0, 1], "r.csv", "c", "p.yaml")
+
+
+PAPER = {"source": "T", "selection": "oracle", "accuracy": {"fedavg": {"M0": 80.0, "Avg": 80.0}},
+         "errors": {"fedavg": {"M0": 0.44, "Avg": 0.08}}, "error": "standard error",
+         "selection_note": "the selection of the authors' code; the paper states none",
+         "deviations": ["another draw of the digits"]}
+
+
+def test_the_page_says_what_it_compares_and_judges_only_the_configs_seeds():
+    rows = [_row("fedavg", "M0", s, acc) for s, acc in ((0, 81.0), (1, 83.0), (7, 10.0))]
+    rows[0] = {**rows[0], "machine": "Xeon x2 CPUs", "wall_s": "600"}
+    rows[1] = {**rows[1], "machine": "Xeon x2 CPUs", "wall_s": "700"}
+    text = page(rows, PAPER, {"fedavg": "FedAvg*"}, {"fedavg": Goal(1, 2.5)}, [0, 1], "r.csv",
+                "c", "p.yaml")
+    assert "## Oracle round (the selection of the authors' code; the paper states none)" in text
+    assert "paper's selection" not in text
+    assert "- another draw of the digits" in text.split("departs from the paper's")[1]
+    assert "| FedAvg*, paper | 80.00 ± 0.44 | 80.00 ± 0.08 |" in text
+    assert "| FedAvg*, raydg | 82.00 ± 1.00 (2) |" in text  # seed 7 is not the config's
+    assert "| fedavg | 3 | Xeon x2 CPUs | 650 (1 unrecorded) |" in text
+
+
+def test_a_designs_comparison_is_the_paired_difference_with_its_t_interval():
+    """Per seed the mean of the design's targets; d = method - baseline over the seeds both
+    have; mean ± t(0.975, n-1) * sd / sqrt(n); t(0.975, 2) = 4.302653 (tables)."""
+    acc = {("fedprox", 0): (80, 90), ("fedprox", 1): (82, 90), ("fedprox", 2): (81, 93),
+           ("fedavg", 0): (79, 89), ("fedavg", 1): (80, 88), ("fedavg", 2): (80, 90),
+           ("fedavg", 3): (99, 99)}  # seed 3: not the design's
+    rows = [_row(m, t, s, a) for (m, s), pair in acc.items() for t, a in zip(
+        ("M0", "M75"), pair, strict=True)]
+    d = np.array([85 - 84, 86 - 84, 87 - 85])
+    half = 4.302653 * d.std(ddof=1) / np.sqrt(3)
+    got = compare(rows, Comparison("fedprox", "", "fedavg", "", ">=", "S"), ("M0", "M75"),
+                  (0, 1, 2), "oracle")
+    assert got["seeds"] == [0, 1, 2] and got["mean"] == pytest.approx(d.mean())
+    assert got["half"] == pytest.approx(half, rel=1e-5)
+    assert got["verdict"] == "holds"  # 1.67 ± 1.43: above 0
+    same = compare(rows, Comparison("fedprox", "", "fedavg", "", "=", "S"), ("M0", "M75"),
+                   (0, 1, 2), "oracle")
+    assert same["verdict"] == "does not hold"
+    back = compare(rows, Comparison("fedavg", "", "fedprox", "", ">=", "S"), ("M0", "M75"),
+                   (0, 1, 2), "oracle")
+    assert back["verdict"] == "reversed"
+    waits = compare(rows[:2] + rows[6:8], Comparison("fedprox", "", "fedavg", "", ">=", "S"),
+                    ("M0", "M75"), (0, 1, 2), "oracle")
+    assert waits["verdict"] == "waits (1 and 1 of 3 seeds)"
+    design = Design("D", "fixed before its runs", ("M0", "M75"), (0, 1, 2),
+                    (Comparison("fedprox", "", "fedavg", "", ">=", "S"),))
+    text = page(rows, PAPER, {}, {"fedavg": Goal(1, 2.5)}, [0, 1, 2], "r.csv", "c", "p.yaml",
+                designs=[design])
+    assert (f"| fedprox | fedavg | 0, 1, 2 | 86.00 | 84.33 | +1.67 [{1.667 - half:+.2f}, "
+            f"{1.667 + half:+.2f}] | fedprox >= fedavg (S) | holds |") in text

@@ -12,6 +12,8 @@ import textwrap
 import pytest
 from mlflow import MlflowClient
 
+from raydg.signals import command as on_path
+
 # The child ends as Ray's driver ends raydg when every process of a job is signalled: at once,
 # before any Python code of raydg records the stop (``os._exit`` from the SIGTERM handler).
 CHILD = textwrap.dedent("""
@@ -75,7 +77,7 @@ def test_a_child_ended_before_it_recorded_the_stop_is_recorded_by_the_parent(sto
     running = {"tracking_uri": store, "run_id": parent, "experiment_dir": "/x/exp-1"}
     code, printed = _stopped({"running": running}, 1)
     assert code == 143, printed
-    assert printed.splitlines()[-1] == "raydg: continue with: raydg resume /x/exp-1"
+    assert printed.splitlines()[-1] == f"raydg: continue with: {on_path('raydg')} resume /x/exp-1"
     client = MlflowClient(store)
     assert client.get_run(parent).info.status == "KILLED"
     assert {k: client.get_run(r).info.status for k, r in children.items()} == {
@@ -86,7 +88,7 @@ def test_a_stop_the_child_recorded_is_not_recorded_again(store):
     parent, _ = _runs(store)
     running = {"tracking_uri": store, "run_id": parent, "experiment_dir": "/x/exp-2"}
     code, printed = _stopped({"running": running, "recorded": {}}, 1)
-    assert code == 143 and "raydg resume" not in printed, printed
+    assert code == 143 and "continue with" not in printed, printed
     assert MlflowClient(store).get_run(parent).info.status == "RUNNING"
 
 
@@ -104,7 +106,8 @@ def test_a_signal_another_thread_takes_is_passed_on(store):
     parent, _ = _runs(store)
     running = {"tracking_uri": store, "run_id": parent, "experiment_dir": "/x/exp-5"}
     code, printed = _stopped({"running": running}, 1, by_thread=True)
-    assert code == 143 and printed.splitlines()[-1] == "raydg: continue with: raydg resume /x/exp-5"
+    assert code == 143
+    assert printed.splitlines()[-1] == f"raydg: continue with: {on_path('raydg')} resume /x/exp-5"
     assert MlflowClient(store).get_run(parent).info.status == "KILLED"
 
 
@@ -115,7 +118,7 @@ def test_a_run_the_store_does_not_hold_is_said(store):
     assert code == 143 and len(lines) == 3, printed
     assert lines[0].startswith(f"raydg: error: the runs of MLflow run {'0' * 32} could not be "
                                "marked KILLED: ")
-    assert lines[-1] == "raydg: continue with: raydg resume /x/exp-4"
+    assert lines[-1] == f"raydg: continue with: {on_path('raydg')} resume /x/exp-4"
 
 
 def test_telling_a_parent_that_has_ended_is_no_error(monkeypatch):

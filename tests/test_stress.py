@@ -17,7 +17,8 @@ ROUNDS, TARGET = 6, "flat"
 def verdicts(ray_session, tmp_path_factory):
     stress = load_benchmark("stress")
     uri = f"sqlite:///{tmp_path_factory.mktemp('stress')}/mlflow.db"
-    rows = stress.run([0], [16], ROUNDS, [TARGET], stress.SEEDS, uri)
+    rows = [r for chunk in stress.run([0], [16], ROUNDS, [TARGET], stress.SEEDS, uri)
+            for r in chunk]
     return {v["method"]: v for v in stress.judge(rows)}, stress
 
 

@@ -99,9 +99,16 @@ def test_one_mlflow_writer_keeps_every_round_of_concurrent_trials(concurrent):
     first, second = sorted(children, key=lambda c: c.info.start_time)
     assert second.info.start_time < first.info.end_time
     # raydg's progress lines, not Tune's tables
-    assert sum("] round " in line for line in lines) == 4
+    assert sum("] round " in line and " loss " in line for line in lines) == 4
     # the same placement for both trials: said once
     assert sum("] placement: 4 clients on 1 actor " in line for line in lines) == 1
+    # no silent stretch between the headline and the first round's line: the trials' start,
+    # then (once, for the first federation placed) its round 1 under way
+    said = [line for line in lines if "starting the federations'" in line or "under way" in line]
+    assert said[0] == "raydg: starting the federations' drivers and client actors"
+    assert len(said) == 2 and said[1].endswith("] round 1/2 under way")
+    assert lines.index(said[0]) < lines.index(said[1]) < min(
+        i for i, line in enumerate(lines) if "] round 1/2 loss" in line)
     assert not any("Trial" in line or "╭" in line for line in lines)
 
 
@@ -128,6 +135,9 @@ def test_sweep_selects_per_target_by_mean_source_validation(tmp_path):
     parent = client.get_run(result.run_id)
     assert parent.data.metrics["avg/selected_hparams/fedavg/global"] == pytest.approx(
         row["accuracy"])
+    # the headline metric every parent run has, here the selected setting's: the runs table
+    # compares a sweep with a single run on one column
+    assert parent.data.metrics["avg/selected/global"] == pytest.approx(row["accuracy"])
     assert "lr" in parent.data.params["search"]
 
 

@@ -35,13 +35,14 @@ class Cli(click.Group):
             click.echo(f"raydg: {err}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt as err:
-            from raydg.signals import TERMINATED, stop_recorded
+            from raydg.signals import TERMINATED, command, stop_recorded
 
             recorded = stop_recorded()  # the hint is printed already
             click.echo(f"raydg: interrupted{f' ({err})' if str(err) else ''}", err=True)
             directory = getattr(err, "experiment_dir", None)
             if directory and not recorded:
-                click.echo(f"raydg: continue with: raydg resume {directory}", err=True)
+                click.echo(f"raydg: continue with: {command('raydg')} resume {directory}",
+                           err=True)
             ctx.exit(143 if TERMINATED.is_set() else 130)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -9,7 +10,7 @@ import click
 
 from raydg import config as config_mod
 from raydg.cli.options import CONTEXT, EXAMPLES, GroupedCommand, run_options
-from raydg.errors import RaydgError
+from raydg.errors import EmptyResult, RaydgError
 
 
 def _progress(quiet: bool) -> str:
@@ -69,16 +70,37 @@ def sweep(sweep_file: str, sets: tuple[str, ...], grid: tuple[str, ...],
 
 
 @click.command(context_settings=CONTEXT)
-@click.argument("target")
+@click.argument("target", required=False)
 @click.option("--tracking-uri", help="MLflow store of the run: where to look up TARGET when it "
                                      "is a run id, and where the experiment's runs are now "
                                      "when the store has moved. [default: the experiment's]")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the tables, no progress.")
-def resume(target: str, tracking_uri: str | None, quiet: bool) -> None:
+def resume(target: str | None, tracking_uri: str | None, quiet: bool) -> None:
     """Continue an interrupted experiment: TARGET is its folder (printed at its start and when
     it stops) or its MLflow parent run id. Finished federations are kept, the others continue
-    from their last checkpoints, into the same MLflow run."""
+    from their last checkpoints, into the same MLflow run. Without TARGET: list the
+    experiments under the storage ($RAYDG_STORAGE or ./raydg-results) that can continue."""
     from raydg import api
 
+    if target is None:
+        _list_unfinished()
+        return
     api.resume(target, tracking_uri=tracking_uri, out=click.echo, progress=_progress(quiet))
+
+
+def _list_unfinished() -> None:
+    """``raydg resume`` alone: the unfinished experiments, newest first, each with its
+    command."""
+    from raydg.resolve import DEFAULT_STORAGE, STORAGE_ENV
+    from raydg.signals import command
+    from raydg.trials.storage import unfinished
+
+    storage = os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
+    found = unfinished(storage if "://" in storage else os.path.abspath(storage))
+    if not found:
+        raise EmptyResult(f"no unfinished experiment under {storage} (--storage of the run, or "
+                          f"{STORAGE_ENV}): name its folder or MLflow run id")
+    click.echo(f"raydg: {len(found)} unfinished experiment(s) under {storage}, newest first:")
+    for folder, status in found:
+        click.echo(f"  {status}: {command('raydg')} resume {folder}")
 

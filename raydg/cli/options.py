@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import click
 
 DATA_ROOT_ENV = "RAYDG_DATA_ROOT"  # as raydg.datasets, which the help need not import
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # in a checkout of raydg
 
 
 class GroupedCommand(click.Command):

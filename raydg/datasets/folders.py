@@ -1,10 +1,15 @@
-"""Image-folder datasets in DomainBed's layout ``ROOT/<folder>/<domain>/<class>/<image>``."""
+"""Image-folder datasets in DomainBed's layout ``ROOT/<folder>/<domain>/<class>/<image>``,
+or from a copy of its Hub mirror (Parquet) in ``ROOT/<folder>/hub``
+(:mod:`raydg.datasets.hub`) when the domain folders are absent: the same images either way,
+each ``provenance`` naming its source and fingerprint."""
 
 from __future__ import annotations
 
+import io
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 
@@ -16,9 +21,12 @@ from raydg.datasets import (
     DatasetSpec,
     DataSource,
     Domain,
+    HubMirror,
     LoadRequest,
     MultiDomainDataset,
     TrainDefaults,
+    hub,
+    images_fingerprint,
 )
 from raydg.download import Archive, drive_url
 from raydg.errors import RaydgError
@@ -29,7 +37,7 @@ PAPER_DEFAULTS = TrainDefaults(
 )  # FedFD-A §4.1 (ImageNet-pretrained ResNet-18)
 
 
-def read_image(path: Path, size: int) -> np.ndarray:
+def read_image(path: Path | IO[bytes], size: int) -> np.ndarray:
     """One image file as uint8 ``(3, size, size)`` RGB, bilinearly resized; raises
     ``OSError`` (or PIL's ``UnidentifiedImageError``) for an unreadable or truncated file."""
     from PIL import Image
@@ -59,7 +67,7 @@ def _why(err: OSError) -> str:
     return err.strerror if err.strerror and err.filename else str(err)
 
 
-def _bad(request: LoadRequest, name: str, what: str, path: Path, err: OSError) -> None:
+def _bad(request: LoadRequest, name: str, what: str, path: object, err: OSError) -> None:
     """An unreadable ``what`` (image, folder) of domain ``name``: an error, or with
     ``request.skip_bad`` recorded in ``request.bad_files``."""
     if not request.skip_bad:
@@ -74,10 +82,17 @@ def _bad_folder(request: LoadRequest, name: str, folder: Path, err: OSError) -> 
     request.log(f"{name}: skipped the unreadable folder {folder}: {_why(err)}")
 
 
-def read_images(paths: list[Path], request: LoadRequest, name: str) -> tuple[np.ndarray,
-                                                                               list[int]]:
-    """Decode and resize every file of domain ``name`` (``<dataset>/<domain>``); return the
-    images and the indices of the files read.
+def _regular(path: Path) -> Path:
+    check_regular(path)
+    return path
+
+
+def read_images(paths: Sequence[Any], request: LoadRequest, name: str,
+                opener: Callable[[Any], Path | IO[bytes]] = _regular
+                ) -> tuple[np.ndarray, list[int]]:
+    """Decode and resize every file of domain ``name`` (``<dataset>/<domain>``), each opened
+    by ``opener`` (default: a regular file's path); return the images and the indices of the
+    files read.
 
     An unreadable file (a link loop, a FIFO or other special file, a broken image) is an error
     naming it, or with ``request.skip_bad`` skipped and counted.
@@ -87,8 +102,7 @@ def read_images(paths: list[Path], request: LoadRequest, name: str) -> tuple[np.
     kept: list[int] = []
     for i, path in enumerate(paths):
         try:
-            check_regular(path)
-            x[len(kept)] = read_image(path, size)
+            x[len(kept)] = read_image(opener(path), size)
             kept.append(i)
         except OSError as err:  # PIL's UnidentifiedImageError is an OSError
             _bad(request, name, "image", path, err)
@@ -163,12 +177,49 @@ def load_folders(request: LoadRequest, name: str, domains: dict[str, str],
     return MultiDomainDataset(name, common, out, IMAGENET_MEAN, IMAGENET_STD)
 
 
+def load_hub(request: LoadRequest, name: str, base: Path,
+             domains: tuple[str, ...]) -> MultiDomainDataset:
+    """Domains from the Hub copy in ``base/hub``, as :func:`load_folders` gives them from the
+    same images: classes sorted by name, each domain's images by class, then file name, decoded
+    by :func:`read_image`."""
+    folder = base / hub.FOLDER
+    record = hub.read_record(folder)
+    assert record is not None
+    names = hub.classes(folder, record)
+    classes = sorted(names)
+    index = {i: classes.index(c) for i, c in enumerate(names)}
+    out = []
+    for d in domains:
+        found = hub.images(folder, record, d)
+        if not found:
+            raise RaydgError(f"{name}: domain {d!r} has no images in {record.source}")
+        if bad := next((im for im in found if im.label not in index), None):
+            raise RaydgError(f"{name}: {bad} has label {bad.label!r}, not one of the "
+                             f"{len(names)} classes")
+        found.sort(key=lambda im: (index[im.label], im.name))
+        x, kept = read_images(found, request, f"{name}/{d}", lambda im: io.BytesIO(im.data))
+        y = np.asarray([index[im.label] for im in found], dtype=np.int64)[kept]
+        out.append(Domain(d, x, y))
+    return _traced(MultiDomainDataset(name, classes, out, IMAGENET_MEAN, IMAGENET_STD),
+                   record.source)
+
+
+def _traced(data: MultiDomainDataset, source: str) -> MultiDomainDataset:
+    """``data`` with its provenance: ``source`` and the images' fingerprint."""
+    data.provenance = {"source": source, "fingerprint": images_fingerprint(data)}
+    return data
+
+
 def _register(name: str, folder: str, domains: dict[str, str], description: str,
               key: Callable[[str], str] | None = None, source: DataSource | None = None,
               expected: tuple[int, ...] | None = None,
               defaults: TrainDefaults = PAPER_DEFAULTS) -> DatasetSpec:
     def load(request: LoadRequest) -> MultiDomainDataset:
-        return load_folders(request, name, domains, key)
+        assert request.root is not None
+        base = request.root / folder
+        if hub.in_use(base, tuple(domains)):
+            return load_hub(request, name, base, tuple(domains))
+        return _traced(load_folders(request, name, domains, key), f"original:{base}")
 
     return DATASETS.register(name)(
         DatasetSpec(name, tuple(domains), defaults, load, description, needs_root=True,
@@ -186,12 +237,21 @@ def domainbed(name: str, folder: str, domains: tuple[str, ...], description: str
                      source=source, expected=expected, defaults=defaults)
 
 
-# Sources and counts: DomainBed's downloads (Google Drive files; their archives' checksums are
+# Sources and counts: the Hub mirrors that the FL community uses (Parquet at a pinned
+# revision; listing, sizes and sha256 from the Hub's tree API, recorded at the first
+# download), then DomainBed's downloads (Google Drive files; their archives' checksums are
 # not published, so the per-domain image counts are what verifies them).
+# flwrlabs/pacs: the commit of its dataset card (features image, domain, label with names
+# dog..person; 9,991 images; download_size 191,395,900 bytes: the sum of data/train-*).
+PACS_MIRROR = HubMirror("flwrlabs/pacs", "9c6f80edcd5320a55a39b1e84120dcfa25c8ce9b",
+                        total_size=191_395_900)
+# flwrlabs/office-home: no commit is pinned here; main is resolved at the first download and
+# recorded; its layout (assumed PACS's) and domain names are checked then (hub.class_names).
+OFFICE_HOME_MIRROR = HubMirror("flwrlabs/office-home", "main")
 domainbed("pacs", "PACS", ("art_painting", "cartoon", "photo", "sketch"),
            "PACS, 7 classes, 4 domains (DomainBed layout; needs --data-root)",
            DataSource((Archive(drive_url("1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd"), "PACS.zip"),),
-                      renames=(("kfold", "PACS"),)),
+                      renames=(("kfold", "PACS"),), mirror=PACS_MIRROR),
            (2048, 2344, 1670, 3929))
 domainbed("vlcs", "VLCS", ("Caltech101", "LabelMe", "SUN09", "VOC2007"),
            "VLCS, 5 classes, 4 domains (DomainBed layout; needs --data-root)",
@@ -201,7 +261,8 @@ domainbed("officehome", "office_home", ("Art", "Clipart", "Product", "Real World
            "OfficeHome, 65 classes, 4 domains (DomainBed layout; needs --data-root)",
            DataSource((Archive(drive_url("1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC"),
                                "office_home.zip"),),
-                      renames=(("OfficeHomeDataset_10072016", "office_home"),)),
+                      renames=(("OfficeHomeDataset_10072016", "office_home"),),
+                      mirror=OFFICE_HOME_MIRROR),
            (2427, 4365, 4439, 4357))
 _DOMAINNET_URL = "http://csr.bu.edu/ftp/visda/2019/multi-source/"
 domainbed("domainnet", "domain_net",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import platform
 import socket
 import time
 from collections.abc import Iterator
@@ -39,9 +40,27 @@ from raydg.transforms import augment_batch, make_transform
 
 
 def where(device: torch.device | str = "cpu") -> dict[str, Any]:
-    """The current process's Ray node id, host name, pid and torch device."""
+    """The current process's Ray node id, host name, pid, torch device and machine."""
     return {"node": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
-            "pid": os.getpid(), "device": str(device)}
+            "pid": os.getpid(), "device": str(device), "machine": machine(device)}
+
+
+@functools.cache
+def machine(device: torch.device | str = "cpu") -> str:
+    """What runs here, for a row of results: CPU model and count, the GPU if ``device`` is
+    one, e.g. ``Intel(R) Xeon(R) ... x2 CPUs`` or ``... x16 CPUs, NVIDIA H200``."""
+    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo()
+                  if line.startswith("model name")), "") or platform.processor() or "CPU"
+    gpu = f", {torch.cuda.get_device_name(device)}" if str(device).startswith("cuda") else ""
+    return f"{model} x{os.cpu_count()} CPUs{gpu}"
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read().splitlines()
+    except OSError:  # not Linux
+        return []
 
 
 def on_host(values: list[float | torch.Tensor]) -> list[float]:

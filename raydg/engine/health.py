@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 COLLAPSE_ROUNDS = 3
+STILL_FALLING = 0.0025  # of ln(C) over COLLAPSE_ROUNDS: a loss still falling near ln(C)
 # a training loss this many times its reference has diverged: two orders of magnitude, where
 # a loss that trains rises by a few times at most (a hard batch); the reference is the round's
 # first step (for a step) or round 1 (for a round), and at least ln(C), the loss of a uniform
@@ -17,17 +18,25 @@ GROWTH = 100.0
 
 def collapse(history: list[dict[str, float]], classes: int) -> str | None:
     """Why training collapsed, if for ``COLLAPSE_ROUNDS`` rounds the training loss has stayed
-    at ln(C) (uniform predictions over C classes, within 2 %) and source validation below twice
-    chance."""
+    at ln(C) (uniform predictions over C classes, within 2 %) without falling, and source
+    validation is below twice chance. Not falling: its spread is within 1 % of ln(C) and it
+    fell by less than ``STILL_FALLING`` of ln(C) from the first of those rounds to the last.
+    A loss that still falls near ln(C) is a slow start, not a collapse (FedFD on digits-gen,
+    16 px: 2.34, 2.30, 2.27, then 32 % validation; at 32 px: 2.291, 2.278, 2.270 at 17-19 %
+    validation, as FedAvg's there; MixStyle there: 2.272, 2.259, 2.262, then 2.216); a model
+    stuck at uniform outputs moves by about 1e-3."""
     chance = math.log(classes)
     recent = history[-COLLAPSE_ROUNDS:]
-    if len(recent) == COLLAPSE_ROUNDS and all(
-            abs(r["train_loss"] - chance) <= 0.02 * chance and r.get("val_acc", 0.0) < 2 / classes
+    losses = [r["train_loss"] for r in recent]
+    if len(recent) < COLLAPSE_ROUNDS or max(losses) - min(losses) > 0.01 * chance or any(
+            abs(r["train_loss"] - chance) > 0.02 * chance or r.get("val_acc", 0.0) >= 2 / classes
             for r in recent):
-        return (f"the training loss has stayed at ln({classes}) = {chance:.3f} for "
-                f"{COLLAPSE_ROUNDS} rounds: the model predicts every class alike and learns "
-                "nothing.")
-    return None
+        return None
+    if losses[0] - losses[-1] >= STILL_FALLING * chance:
+        return None
+    return (f"the training loss has stayed at ln({classes}) = {chance:.3f} for "
+            f"{COLLAPSE_ROUNDS} rounds: the model predicts every class alike and learns "
+            "nothing.")
 
 
 def nonfinite_weights(state: dict[str, np.ndarray]) -> str | None:

@@ -210,7 +210,8 @@ class Method:
         unknown = sorted(set(values) - set(known))
         if unknown:
             valid = ", ".join(f"options.{k}" for k in known) or "none"
-            raise RaydgError(f"unknown option(s) {unknown} for method {cls.name}; valid: {valid}")
+            raise RaydgError(f"unknown option(s) {unknown} for method {cls.name}; valid: "
+                             f"{valid}{cls._owners(unknown[0])}")
         options, defaults = cls.Options(**values), cls.Options()
         for key in known:
             default, value = getattr(defaults, key), getattr(options, key)
@@ -236,6 +237,15 @@ class Method:
         choice, labelled as not the paper's in every table; a dataset's, ``method_options``
         and ``options`` override it."""
         return {}
+
+    @classmethod
+    def _owners(cls, option: str) -> str:
+        """``; 'mu' is an option of fedprox (--method)``: the methods that have ``option``."""
+        from raydg.methods import METHODS
+
+        owners = [name for name, other in METHODS
+                  if option in {f.name for f in dataclasses.fields(other.Options)}]
+        return f"; {option!r} is an option of {', '.join(owners)} (--method)" if owners else ""
 
     @classmethod
     def check_options(cls, options: Any) -> None:

@@ -100,11 +100,12 @@ def semantic_aggregate(states: list[st.State], distance: str) -> tuple[st.State,
 
 # ---------------------------------------------------------------------- calibration (Eq. 5-11)
 def semantic_layers(model: nn.Module, count: int) -> list[str]:
-    """Module names of the last ``count`` semantic layers: ResNet blocks layer1-4, or the ReLU
-    outputs of a plain CNN's conv blocks (a ReLU after a conv or a BN; not after a linear)."""
+    """Module names of the last ``count`` semantic layers: a torchvision backbone's stages
+    (ResNet's layer1-4, :data:`raydg.models.TORCHVISION`), or the ReLU outputs of a plain
+    CNN's conv blocks (a ReLU after a conv or a BN; not after a linear)."""
     features = model.features
-    if hasattr(features, "layer4"):
-        names = [f"features.layer{i}" for i in range(1, 5)]
+    if hasattr(features, "stages"):
+        names = [f"features.{s}" for s in features.stages]
     else:
         children = list(features.named_children())
         pairs = zip(children[1:], children[:-1], strict=True)
@@ -263,7 +264,7 @@ class CSAC(Method):
     def build_model(self, spec: ModelSpec) -> nn.Module:
         """The backbone plus its calibration projections (part of M: trained and fused)."""
         model = super().build_model(spec)
-        default = 3 if hasattr(model.features, "layer4") else 2
+        default = 3 if len(getattr(model.features, "stages", ())) >= 4 else 2
         names = semantic_layers(model, self.options.layers or default)
         model.eval()
         with torch.no_grad():

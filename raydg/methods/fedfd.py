@@ -69,7 +69,7 @@ from torch import Tensor, nn
 from raydg import state
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, ClientContext, Method, register
-from raydg.models import ModelSpec, has_pretrained, replace_bns
+from raydg.models import ModelSpec, replace_bns
 
 MIXSTYLE_ALPHA = 0.1  # Zhou et al., ICLR 2021
 PREDICT_SEED = 0  # seed of the ``random`` mode's draws, reset at every ``predict`` call
@@ -255,7 +255,7 @@ class FedFD(Method):
         for an ImageNet-pretrained ResNet-18 at lr 0.01; on any other backbone or start the
         CAFL step explodes or collapses training (module docstring), and the per-dimension
         mean is the default there."""
-        return {} if imagenet and has_pretrained(model) else {"cafl_reduction": "mean"}
+        return {} if imagenet and model.startswith("resnet") else {"cafl_reduction": "mean"}
 
     @classmethod
     def modes(cls) -> tuple[str, ...]:

@@ -39,6 +39,14 @@ from raydg.models import ModelSpec, replace_bns
 from raydg.state import State
 
 
+def instance_norm(inorm: nn.InstanceNorm2d, x: Tensor) -> Tensor:
+    """``inorm(x)``; on 1x1 maps (a small image's last stages) the value the definition gives,
+    ``g*(x - x)/sqrt(eps) + b = b``, where torch refuses to train instance normalisation."""
+    if x[0, 0].numel() > 1:
+        return inorm(x)
+    return inorm.bias.view(1, -1, 1, 1).expand_as(x)
+
+
 class XAN(nn.Module):
     """Eq. (2): an explicit softmax-weighted sum of an IN and a BN branch."""
 
@@ -57,7 +65,7 @@ class XAN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.weights()
-        return w[0] * self.inorm(x) + w[1] * self.bn(x)
+        return w[0] * instance_norm(self.inorm, x) + w[1] * self.bn(x)
 
 
 class IBN(nn.Module):
@@ -78,7 +86,8 @@ class IBN(nn.Module):
                 getattr(self.bn, key).copy_(getattr(bn, key)[self.split:])
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.cat([self.inorm(x[:, :self.split]), self.bn(x[:, self.split:])], dim=1)
+        return torch.cat([instance_norm(self.inorm, x[:, :self.split]),
+                          self.bn(x[:, self.split:])], dim=1)
 
 
 @dataclass

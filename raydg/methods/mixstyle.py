@@ -6,7 +6,10 @@ MixStyle re-styles a feature map with statistics mixed between batch samples:
 ``gamma_mix * (x - mu) / sigma + beta_mix`` with ``gamma_mix = lam*sigma + (1-lam)*sigma[perm]``
 and ``beta_mix = lam*mu + (1-lam)*mu[perm]``, lam ~ Beta(alpha, alpha), statistics detached,
 applied with probability p in training only. As in Zhou et al., it follows the first three
-stages of a ResNet (layer1-3); in the digits CNN it follows each max-pool.
+stages of a torchvision backbone but never its last (ResNet's layer1-3; AlexNet's first two
+of its three; :data:`raydg.models.TORCHVISION`); in the digits CNN it follows each max-pool.
+A 1x1 feature map has no spatial statistics (Zhou et al.'s unbiased variance is NaN there): it
+passes unchanged.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class MixStyle(nn.Module):
         self.p, self.alpha, self.eps = p, alpha, eps
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or torch.rand(()) >= self.p:
+        if not self.training or torch.rand(()) >= self.p or x[0, 0].numel() < 2:
             return x
         n = len(x)
         mu = x.mean(dim=(2, 3), keepdim=True).detach()
@@ -40,13 +43,18 @@ class MixStyle(nn.Module):
 
 
 def insert_mixstyle(features: nn.Module, make) -> None:
-    """Put a MixStyle module after ResNet's layer1-3, or after each max-pool of a Sequential."""
-    if all(hasattr(features, f"layer{i}") for i in (1, 2, 3)):
-        for i in (1, 2, 3):
-            setattr(features, f"layer{i}", nn.Sequential(getattr(features, f"layer{i}"), make()))
+    """Put a MixStyle module after the first three stages but the last of a torchvision
+    backbone (ResNet's layer1-3, :data:`raydg.models.TORCHVISION`), or after each max-pool of
+    a Sequential."""
+    if hasattr(features, "stages"):
+        for path in features.stages[:-1][:3]:
+            parent, _, name = path.rpartition(".")
+            owner = features.get_submodule(parent) if parent else features
+            setattr(owner, name, nn.Sequential(getattr(owner, name), make()))
         return
     if not isinstance(features, nn.Sequential):
-        raise RaydgError("mixstyle: unsupported backbone; expected a ResNet or a Sequential")
+        raise RaydgError("mixstyle: unsupported backbone; expected a torchvision backbone "
+                         "or a Sequential")
     for idx in reversed([i for i, m in enumerate(features) if isinstance(m, nn.MaxPool2d)]):
         features.insert(idx + 1, make())
 

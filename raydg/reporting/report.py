@@ -43,6 +43,7 @@ from raydg.results import (
     cell,
     first_seen,
     is_accuracy,
+    over_seeds,
     paired_difference,
     text_table,
 )
@@ -144,8 +145,8 @@ def round_blocks(client: Any, tabs: list[Table], metrics: Sequence[str]
 
 
 def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, dict[str, str]]],
-           paper: dict[str, Any] | None, rounds: tuple[list[Block], list[dict[str, Any]]]
-           ) -> str:
+           paper: dict[str, Any] | None, rounds: tuple[list[Block], list[dict[str, Any]]],
+           error: str = "std") -> str:
     """The tables in one format; ``extras``: per table, additional columns by method
     (column -> text); ``rounds``: the per-round blocks and records that follow them."""
     title = f"Accuracy (%) on the held-out domain, {SELECTIONS[selection]}"
@@ -160,8 +161,8 @@ def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, d
         for r in t.rows:
             more = extra.get(r["method"], {})
             shown = {"Seeds": str(r["seeds"]), **more}
-            body.append([r["method"], *(cell(r[c], r[c + "_std"], r[c + "_seeds"], r["seeds"])
-                                        for c in cols),
+            body.append([r["method"], *(cell(r[c], r[c + "_std"], r[c + "_seeds"], r["seeds"],
+                                             error) for c in cols),
                          *(shown.get(k, "") for k in added)])
             fewer |= any(0 < r[c + "_seeds"] < r["seeds"] for c in cols)
             records.append({"table": i, **{k: t.settings.get(k, UNSET)
@@ -180,8 +181,8 @@ def render(tabs: list[Table], fmt: str, selection: str, extras: list[dict[str, d
                     (MISSING if np.isnan(r[c]) else f"{r[c] - paper_row[c]:+.2f}")
                     if c in paper_row else "" for c in cols),
                     *[""] * len(added)])
-        seeds = f"{counts[0]} seed(s)" if len(counts) == 1 else (
-            f"{counts[0]}-{counts[-1]} seeds (Seeds: per row)")
+        seeds = (over_seeds(counts[0], error) if len(counts) == 1 else
+                 over_seeds(f"{counts[0]}-{counts[-1]}", error) + "; Seeds: per row")
         heading = f"{title}, {seeds}" + f"; {FEWER_SEEDS}" * fewer + setting_note(t, tabs)
         blocks.append((heading, ["Method", *cols, *added], body))
     return _format(blocks + rounds[0], records + rounds[1], fmt)
@@ -285,7 +286,7 @@ def report(client: Any, *, experiments: Sequence[str] = (), dataset: str | None 
            fmt: str = "console", baseline: str | None = None, ledger: bool = False,
            seconds: bool = False, paper: dict[str, Any] | None = None,
            plot: Path | None = None, per_round: Sequence[str] = (),
-           metrics: Sequence[str] = ()) -> tuple[str, list[str]]:
+           metrics: Sequence[str] = (), error: str = "std") -> tuple[str, list[str]]:
     """The report in format ``fmt`` and, for the formats that are data, the notes on it
     (tables kept apart, runs left out), which the console format holds in its text;
     :class:`RaydgError` for bad input, :class:`EmptyResult` when no finished run matches."""
@@ -318,7 +319,8 @@ def report(client: Any, *, experiments: Sequence[str] = (), dataset: str | None 
                  ] if twice else []
     left_out += warned(runs)
     written = [] if plot is None else plot_tables(client, tabs, plot)
-    text = render(tabs, fmt, selection, extras, paper, round_blocks(client, tabs, per_round))
+    text = render(tabs, fmt, selection, extras, paper, round_blocks(client, tabs, per_round),
+                  error)
     if fmt == "console":
         return "\n\n".join([*apart, text, *left_out]), written
     return text, apart + left_out + written

@@ -7,10 +7,12 @@ a Markdown page. The page is a pure function of the rows and the config, so the 
 can be checked against the committed rows. Like :mod:`raydg.reporting.report`, this module reads
 stored results only and imports no engine module.
 
-Statistics: per (method, target), the mean and sample standard deviation over seeds; ``Avg``
-averages the six targets within each seed that has all of them, then over those seeds. A goal
-is judged only on the paper's full design (every target with ``seeds`` seeds); before that a
-row says how many federations it still lacks.
+Statistics: per (method, target), the mean over seeds and its standard error (as the paper
+reports its own rows); ``Avg`` averages the six targets within each seed that has all of them,
+then over those seeds. A goal is judged only on the paper's full design (every target with each
+of the config's seeds; a row of another seed is shown in no judged cell); before that a row
+says how many federations it still lacks. A :class:`Design` fixed before its runs is a set of
+paired comparisons, each with its 95 % t-interval and its claim's verdict.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from raydg.results import mean_std, whole_seeds
 SELECTIONS = ("oracle", "selected", "last")
 COMPOSED = ("method", "augment", "aggregation")  # the params that name a row's method
 COLUMNS = ("method", "variant", "target", "seed", "selected", "last", "oracle",
-           "selected_round", "steps_per_client", "options", "fingerprint")
+           "selected_round", "steps_per_client", "options", "fingerprint", "machine", "wall_s")
 SELECTION_TEXT = {
     "oracle": "the round with the best target accuracy: an upper bound, not a result",
     "selected": "the round with the best mean source-validation accuracy (training-domain "
@@ -50,19 +52,28 @@ def paper_numbers(values: dict[str, Any], where: str,
                   domains: Sequence[str] | None = None) -> dict[str, Any]:
     """A config file's ``paper`` section, checked: ``source``, ``selection`` (selected, last
     or oracle: how the paper picked the model it reports), ``accuracy`` (``{method label:
-    {domain or Avg: percent}}``, at least one row and one number) and, optionally, ``cited``
-    (the table's rows that the paper cites from other publications, in the same form; raydg
-    runs none of them). With the dataset's ``domains``, a column that is none of them (nor
-    ``Avg``) is refused."""
+    {domain or Avg: percent}}``, at least one row and one number) and, optionally, ``errors``
+    (the ± the paper prints beside ``accuracy``, in the same form, with ``error``: what they
+    are, e.g. "standard error"), ``cited`` (the table's rows that the paper cites from other
+    publications, in the same form; raydg runs none of them), ``selection_note`` (where the
+    selection comes from, when the paper does not state it) and ``deviations`` (how the
+    protocol departs from the paper's, one line each). With the dataset's ``domains``, a
+    column that is none of them (nor ``Avg``) is refused."""
     paper = values.get("paper")
     ok = (isinstance(paper, dict) and isinstance(paper.get("source"), str)
           and paper.get("selection") in ("selected", "last", "oracle")
           and _is_table(paper.get("accuracy")) and _is_table(paper.get("cited", {}))
+          and _is_table(paper.get("errors", {})) and isinstance(paper.get("error", ""), str)
+          and isinstance(paper.get("selection_note", ""), str)
+          and isinstance(paper.get("deviations", []), list)
+          and all(isinstance(d, str) for d in paper.get("deviations", []))
           and any(paper["accuracy"].values()))
     if not ok:
         raise RaydgError(f"{where} has no valid 'paper' section (source, selection: "
                          "selected|last|oracle, accuracy: {method: {domain: percent}} with at "
-                         "least one number, optionally cited: {row: {domain: percent}})")
+                         "least one number, optionally errors: {method: {domain: points}} "
+                         "and error: TEXT, cited: {row: {domain: percent}}, selection_note: "
+                         "TEXT, deviations: [TEXT, ...])")
     unknown = sorted({c for row in paper["accuracy"].values() for c in row} - {"Avg"}
                      - set(domains if domains is not None else paper_targets(paper)))
     if unknown:
@@ -121,6 +132,7 @@ def export_rows(runs: Sequence[Any], expected: Callable[[tuple[str | None, ...]]
             "steps_per_client": int(r.metrics["steps_per_client"]),
             "options": " ".join(f"{k[8:]}={v}" for k, v in r.options()),
             "fingerprint": fingerprints.get(r.run_id, ""),
+            "machine": r.machine, "wall_s": "" if np.isnan(r.wall_s) else round(r.wall_s),
         })
     return rows
 
@@ -145,6 +157,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     with path.open(newline="") as f:
         rows = list(csv.DictReader(f))
     for r in rows:
+        r.setdefault("machine", "")  # a rows file from before the machine and wall columns
+        r["wall_s"] = int(r["wall_s"]) if r.get("wall_s") else ""
         for key in ("seed", "selected_round", "steps_per_client"):
             r[key] = int(r[key])
         for s in SELECTIONS:
@@ -169,10 +183,11 @@ def cells(rows: list[dict[str, Any]], method: str, targets: Sequence[str], selec
 
 
 def _cell(value: tuple[float, float, int] | None) -> str:
+    """mean ± standard error (seeds), as the paper reports its own rows."""
     if value is None:
         return "—"
     mean, std, n = value
-    return f"{mean:.2f} ({n})" if n == 1 else f"{mean:.2f} ± {std:.2f} ({n})"
+    return f"{mean:.2f} ({n})" if n == 1 else f"{mean:.2f} ± {std / np.sqrt(n):.2f} ({n})"
 
 
 def _diff(value: tuple[float, float, int] | None, reference: float | None) -> str:
@@ -241,8 +256,8 @@ def ablations_section(rows: list[dict[str, Any]], variants: list[tuple[str, str]
     columns = [*targets, "Avg"]
     lines = ["## Ablations (settings that are not the paper's)", "",
              "Each row changes the protocol in the settings named in brackets; beside it, the "
-             "same method under the protocol on the same targets and seeds. Cells: mean ± std "
-             "over seeds (seeds).", ""]
+             "same method under the protocol on the same targets and seeds. Cells: mean ± "
+             "standard error over seeds (seeds).", ""]
     for selection in SELECTIONS[:2]:
         lines += [f"{selection.capitalize()} round:", "", *_header(columns)]
         for method, variant in variants:
@@ -264,10 +279,9 @@ def misses_section(rows: list[dict[str, Any]],
                    seeds: int, targets: Sequence[str]) -> list[str]:
     """Every cell (and Avg) of a judged row beyond its goal at the paper's selection
     (``measured``: each paper row's :func:`cells` there), beside what was measured about it:
-    the paper's other rows that raydg ran on that column (their difference to the paper: a
-    miss that they share points at the data, one they do not at the method), the range of the
-    paper's cited rows there, and each ablation run on that cell (its paired difference to the
-    protocol, and its seeds)."""
+    the paper's other rows that raydg ran on that column (their difference to the paper), the
+    range of the paper's cited rows there, and each ablation run on that cell (its paired
+    difference to the protocol, and its seeds): facts, no attribution."""
     selection = paper["selection"]
     variants = sorted({(r["method"], r["variant"]) for r in rows if r["variant"]})
     lines = []
@@ -284,13 +298,12 @@ def misses_section(rows: list[dict[str, Any]],
                          f"{_span(paper, c)} | {'; '.join(t for t in tried if t) or 'none yet'} |")
     if not lines:
         return []
-    return ["## Where the judged rows miss (at the paper's selection)", "",
+    return [f"## Where the judged rows miss (at the {_selection_name(paper)})", "",
             "Each cell beyond its goal, beside what was measured about it: the paper's other "
-            "rows on that column as raydg ran them, raydg - paper (seeds): a gap they share "
-            "points at the data or the protocol, one they do not at the row's method; the "
-            "range of the rows the paper cites on that column (other implementations of the "
-            "same benchmark); and each ablation run on that cell as its paired difference to "
-            "the protocol (seeds).", "",
+            "rows on that column as raydg ran them, raydg - paper (seeds); the range of the "
+            "rows the paper cites on that column (other implementations of the same "
+            "benchmark); and each ablation run on that cell as its paired difference to the "
+            "protocol (seeds).", "",
             "| row | cell | paper | raydg | raydg - paper | the other rows: raydg - paper | "
             "cited rows | ablations on this cell |", "|---|---|---|---|---|---|---|---|", *lines]
 
@@ -334,8 +347,48 @@ def _header(columns: Sequence[str]) -> list[str]:
     return ["| row | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
 
 
-def _published(label: str, row: dict[str, float], columns: Sequence[str]) -> str:
-    return f"| {label} | " + " | ".join(f"{row[c]:.2f}" for c in columns) + " |"
+def _published(label: str, row: dict[str, float], columns: Sequence[str],
+               errors: dict[str, float] | None = None) -> str:
+    """A row as the paper prints it: each cell with its ± where the paper gives one."""
+    def cell(c: str) -> str:
+        return f"{row[c]:.2f}" + (f" ± {errors[c]:.2f}" if errors and c in errors else "")
+
+    return f"| {label} | " + " | ".join(cell(c) for c in columns) + " |"
+
+
+def _selection_name(paper: dict[str, Any]) -> str:
+    """The paper's selection as a heading names it: "oracle round, the selection of the
+    authors' code; the paper states none"."""
+    note = paper.get("selection_note")
+    return f"{paper['selection']} round" + (f", {note}" if note else "")
+
+
+def deviations_section(paper: dict[str, Any], protocol: str) -> list[str]:
+    """How raydg's protocol departs from the paper's, from the config's ``deviations``."""
+    if not paper.get("deviations"):
+        return []
+    return ["## Where raydg's protocol departs from the paper's", "",
+            f"From `{protocol}` (its `paper.deviations`): every row on this page runs so.", "",
+            *(f"- {d}" for d in paper["deviations"]), ""]
+
+
+def machines_section(rows: list[dict[str, Any]]) -> list[str]:
+    """Per row of the rows file (method, variant): its federations, the machines that ran
+    them and their mean wall seconds (rows exported before these were recorded: unrecorded)."""
+    lines = ["## Machines and wall time", "",
+             "What ran each row's federations (the driver's CPU model and count, its GPU) and "
+             "their mean wall seconds, from the rows file's `machine` and `wall_s` columns.", "",
+             "| row | federations | machines | wall s per federation |", "|---|---|---|---|"]
+    for key in sorted({(r["method"], r["variant"]) for r in rows}):
+        mine = [r for r in rows if (r["method"], r["variant"]) == key]
+        machines = sorted({r.get("machine") for r in mine if r.get("machine")})
+        walls = [float(r["wall_s"]) for r in mine if r.get("wall_s") not in ("", None)]
+        unknown = len(mine) - len(walls)
+        label = key[0] + (f" [{key[1]}]" if key[1] else "")
+        lines.append(f"| {label} | {len(mine)} | {'; '.join(machines) or 'unrecorded'} | "
+                     + (f"{np.mean(walls):.0f}" if walls else "—")
+                     + (f" ({unknown} unrecorded)" if walls and unknown else "") + " |")
+    return [*lines, ""]
 
 
 def _intro(rows: list[dict[str, Any]], paper: dict[str, Any], source: str, command: str,
@@ -363,37 +416,137 @@ def _fingerprints(rows: list[dict[str, Any]]) -> str:
                      for fp, d in sorted(data.items()))
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """``method`` (rows of ``variant``) against ``baseline`` (rows of ``baseline_variant``),
+    paired over seeds on the mean of the design's targets; ``relation`` ``>=`` or ``=``:
+    what ``source`` claims."""
+
+    method: str
+    variant: str
+    baseline: str
+    baseline_variant: str
+    relation: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Design:
+    """A design fixed before its runs: its comparisons on ``targets`` and ``seeds``, under a
+    title and a text saying what it is."""
+
+    title: str
+    text: str
+    targets: tuple[str, ...]
+    seeds: tuple[int, ...]
+    comparisons: tuple[Comparison, ...]
+
+
+def _seed_means(rows: list[dict[str, Any]], method: str, variant: str,
+                targets: Sequence[str], seeds: Sequence[int], selection: str
+                ) -> dict[int, float]:
+    """The mean over ``targets`` of each seed in ``seeds`` that has them all."""
+    mine = [r for r in rows if r["method"] == method and r["variant"] == variant
+            and r["seed"] in seeds]
+    return {s: float(np.mean([v[t] for t in targets]))
+            for s, v in whole_seeds(mine, selection, targets).items()}
+
+
+def compare(rows: list[dict[str, Any]], c: Comparison, targets: Sequence[str],
+            seeds: Sequence[int], selection: str) -> dict[str, Any]:
+    """``c``'s paired difference over the seeds both sides have: mean, 95 % t-interval half
+    width, the two sides' means, the seeds, and a verdict (a ``>=`` claim holds when the
+    interval is above 0 and is reversed below it; an ``=`` claim is consistent when it holds 0)."""
+    from scipy import stats
+
+    a = _seed_means(rows, c.method, c.variant, targets, seeds, selection)
+    b = _seed_means(rows, c.baseline, c.baseline_variant, targets, seeds, selection)
+    both = sorted(set(a) & set(b))
+    out: dict[str, Any] = {"seeds": both, "method": np.mean([a[s] for s in both]) if both
+                           else np.nan, "baseline": np.mean([b[s] for s in both]) if both
+                           else np.nan}
+    if len(both) < 2:
+        return {**out, "mean": np.nan, "half": np.nan, "verdict": f"waits ({len(a)} and "
+                f"{len(b)} of {len(seeds)} seeds)"}
+    d = np.array([a[s] - b[s] for s in both])
+    half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
+    low, high = d.mean() - half, d.mean() + half
+    if c.relation == "=":
+        verdict = "consistent" if low <= 0 <= high else "does not hold"
+    else:
+        verdict = "holds" if low > 0 else "reversed" if high < 0 else "not significant"
+    return {**out, "mean": float(d.mean()), "half": half, "verdict": verdict}
+
+
+def design_section(rows: list[dict[str, Any]], design: Design) -> list[str]:
+    """``design``'s comparisons at the selected round (training-domain validation), then the
+    oracle round: each a paired difference with its 95 % t-interval and the claim's verdict."""
+    lines = [f"## {design.title}", "", design.text, ""]
+    columns = "| row | vs | seeds | row's mean | its baseline's | paired difference [95 % CI] " \
+              "| claim | verdict |"
+    for selection in ("selected", "oracle"):
+        lines += [f"{selection.capitalize()} round, {SELECTION_TEXT[selection]}; each seed's "
+                  f"mean of {', '.join(design.targets)}:", "", columns,
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in design.comparisons:
+            got = compare(rows, c, design.targets, design.seeds, selection)
+            diff = "—" if np.isnan(got["mean"]) else \
+                f"{got['mean']:+.2f} [{got['mean'] - got['half']:+.2f}, " \
+                f"{got['mean'] + got['half']:+.2f}]"
+            means = [f"{got[k]:.2f}" if got["seeds"] else "—" for k in ("method", "baseline")]
+            lines.append(f"| {_label(c.method, c.variant)} | "
+                         f"{_label(c.baseline, c.baseline_variant)} | "
+                         f"{', '.join(map(str, got['seeds'])) or '—'} | {means[0]} | "
+                         f"{means[1]} | {diff} | {c.method} {c.relation} {c.baseline} "
+                         f"({c.source}) | {got['verdict']} |")
+        lines.append("")
+    return lines
+
+
+def _label(method: str, variant: str) -> str:
+    """``fedbn (model=mnist-cnn-bn)``: round brackets, which Markdown leaves alone."""
+    return method + (f" ({variant})" if variant else "")
+
+
 def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
-         goals: dict[str, Goal], seeds: int, source: str, command: str, protocol: str) -> str:
-    """The Markdown page: per selection, the paper's rows and raydg's; the goals and the cells
-    that miss them; the rows the paper cites; where the methods the paper does not report are
-    (docs/fidelity.md); then each ablation (a variant of the protocol) beside the row it
-    changes."""
+         goals: dict[str, Goal], seeds: Sequence[int], source: str, command: str,
+         protocol: str, designs: Sequence[Design] = ()) -> str:
+    """The Markdown page: how the protocol departs from the paper's; per selection, the
+    paper's rows (with its errors) and raydg's on the config's ``seeds``; the goals and the
+    cells that miss them; the rows the paper cites; where the methods the paper does not
+    report are (docs/fidelity.md); each design fixed before its runs (``designs``); each
+    ablation (a variant of the protocol) beside the row it changes; the machines and wall
+    time of every row."""
     targets = paper_targets(paper)
     columns = [*targets, "Avg"]
-    lines = _intro(rows, paper, source, command, protocol)
-    measured = {s: {m: cells(rows, m, targets, s) for m in paper["accuracy"]}
+    lines = _intro(rows, paper, source, command, protocol) + deviations_section(paper, protocol)
+    judged = [r for r in rows if r["seed"] in seeds]  # a seed beyond the design's: not judged
+    measured = {s: {m: cells(judged, m, targets, s) for m in paper["accuracy"]}
                 for s in {*SELECTIONS[:2], paper["selection"]}}
+    errors, what = paper.get("errors", {}), paper.get("error", "")
     for selection in SELECTIONS[:2]:
-        own = " (the paper's selection)" if selection == paper["selection"] else ""
+        note = paper.get("selection_note") or "the paper's selection"
+        own = f" ({note})" if selection == paper["selection"] else ""
         lines += [f"## {selection.capitalize()} round{own}", "", f"Model selection: "
-                  f"{SELECTION_TEXT[selection]}. Cells: mean ± std over seeds (seeds).", "",
+                  f"{SELECTION_TEXT[selection]}. raydg's cells: mean ± standard error over "
+                  f"seeds (seeds), of seeds {', '.join(map(str, seeds))}"
+                  + (f"; the paper's ±: its {what}" if errors and what else "") + ".", "",
                   *_header(columns)]
         for method, published in paper["accuracy"].items():
             got = measured[selection][method]
             name = names.get(method, method)
-            lines.append(_published(f"{name}, paper", published, columns))
+            lines.append(_published(f"{name}, paper", published, columns, errors.get(method)))
             lines.append(f"| {name}, raydg | " + " | ".join(
                 _cell(got.get(c)) for c in columns) + " |")
             lines.append("| raydg - paper | " + " | ".join(
                 _diff(got.get(c), published[c]) for c in columns) + " |")
         lines.append("")
-    lines += ["## Goals (at the paper's selection)", ""]
+    lines += [f"## Goals (at the {_selection_name(paper)})", ""]
     at_paper = measured[paper["selection"]]
     for method, published in paper["accuracy"].items():
         lines.append(f"- {names.get(method, method)}: "
-                     f"{verdict(at_paper[method], published, targets, seeds, goals[method])}")
-    missed = misses_section(rows, at_paper, paper, names, goals, seeds, targets)
+                     f"{verdict(at_paper[method], published, targets, len(seeds), goals[method])}")
+    missed = misses_section(judged, at_paper, paper, names, goals, len(seeds), targets)
     if missed:
         lines += ["", *missed]
     if paper.get("cited"):
@@ -402,8 +555,12 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
     others = sorted({m for m, _ in pairs if m not in paper["accuracy"]})
     if others:
         lines += ["", f"Other methods in the rows ({', '.join(others)}): "
-                  "[fidelity.md](fidelity.md), its real-data regime, against FedAvg."]
+                  "[fidelity.md](fidelity.md), its real-data regime, against FedAvg"
+                  + (", and the designs below" if designs else "") + "."]
+    for design in designs:
+        lines += ["", *design_section(rows, design)]
     variants = [(m, v) for m, v in pairs if v and m in paper["accuracy"]]
     if variants:
-        lines += ["", *ablations_section(rows, variants, targets, names)]
+        lines += ["", *ablations_section(judged, variants, targets, names)]
+    lines += ["", *machines_section(rows)]
     return "\n".join(lines).rstrip("\n") + "\n"

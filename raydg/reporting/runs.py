@@ -13,6 +13,7 @@ import numpy as np
 from raydg.config import NOT_RESULTS
 from raydg.errors import RaydgError
 from raydg.results import (
+    MACHINE_TAG,
     UNIT_TAG,
     WARNINGS_TAG,
     first_seen,
@@ -42,6 +43,8 @@ class Run:
     setting: str = ""  # the searched setting that made the run (tag raydg.setting)
     scale: float = 1.0  # what turns its logged accuracies into percent (100: fractions)
     warnings: str = ""  # what the run warned of (tag raydg.warnings), one per line
+    machine: str = ""  # what ran its driver (tag raydg.machine); "" in runs before it
+    wall_s: float = np.nan  # seconds from the child run's start to its end
 
     def accuracy(self, selection: str) -> float:
         return self.metrics.get(f"final/target_acc_{selection}/{self.mode}", np.nan)
@@ -104,8 +107,13 @@ def find_runs(client: Any, experiments: Sequence[str], dataset: str | None,
                        int(tags["raydg.seed"]), tags.get("raydg.mode", "global"),
                        dict(r.data.params), in_percent(dict(r.data.metrics), scale),
                        tags.get("raydg.not_paper", ""), tags.get("raydg.setting", ""), scale,
-                       tags.get(WARNINGS_TAG, "")))
+                       tags.get(WARNINGS_TAG, ""), tags.get(MACHINE_TAG, ""),
+                       _seconds(r.info.start_time, r.info.end_time)))
     return out
+
+
+def _seconds(start_ms: int | None, end_ms: int | None) -> float:
+    return (end_ms - start_ms) / 1000 if start_ms and end_ms else np.nan
 
 
 def repeated(runs: list[Run]) -> list[Run]:

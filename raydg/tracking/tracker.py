@@ -22,6 +22,7 @@ import re
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from raydg.config import RunConfig, Search, setting_label, to_dict
 from raydg.errors import RaydgError, TrackingError
 from raydg.plots import plot, plot_curves
 from raydg.results import (
+    MACHINE_TAG,
     UNIT_TAG,
     WARNINGS_TAG,
     FederationResult,
@@ -345,6 +347,11 @@ class Tracker:
         metrics.update({f"final/{k}": v for k, v in result.final.items()})
         self._metrics(self._child(key), in_percent(metrics, self.scale))
         self._call(lambda: self.client.set_tag(self.children[key], "raydg.mode", result.mode))
+        driver = next((r for r in result.tables.get("placement", []) if r["role"] == "driver"),
+                      {})
+        if driver.get("machine"):  # what ran the federation's driver: its wall time's machine
+            self._call(lambda: self.client.set_tag(self.children[key], MACHINE_TAG,
+                                                   driver["machine"]))
         tables = {name: [in_percent(row, self.scale) for row in rows]
                   for name, rows in {"history": result.history, **result.tables}.items()}
         self._call(lambda: self.log_tables(self.children[key], tables, plots=result.plots))
@@ -353,17 +360,37 @@ class Tracker:
         self.end_child(key, "FINISHED")
 
     def log_models(self, run_id: str, models: dict[str, Any], info: dict[str, Any]) -> None:
-        """Model states as ``model/<name>.npz`` (no pickle) and what rebuilds the model,
-        ``model/model.json``: ``raydg.load_model(run_id)`` (:mod:`raydg.saved_model`)."""
+        """Model states (``<name>.npz``, no pickle) and what rebuilds the model
+        (``model.json``) as the artifacts of an MLflow model from code, ``model/``
+        (:mod:`raydg.mlflow_model`): ``mlflow.pyfunc.load_model("runs:/RUN/model")`` and
+        ``raydg.load_model(RUN)`` (:mod:`raydg.saved_model`) both load it."""
+        import mlflow
         import numpy as np
+        from mlflow.models import ModelSignature
+        from mlflow.types import Schema, TensorSpec
+
+        import raydg.mlflow_model as code
 
         with tempfile.TemporaryDirectory() as tmp:
-            for name, state in models.items():
-                if state is not None:
-                    np.savez(Path(tmp) / f"{name}.npz", **state)
-            if info:
-                (Path(tmp) / "model.json").write_text(json.dumps(info, indent=1))
-            self.client.log_artifacts(run_id, tmp, artifact_path="model")
+            files = {name: Path(tmp) / f"{name}.npz" for name, state in models.items()
+                     if state is not None}
+            for name, path in files.items():
+                np.savez(path, **models[name])
+            if not info:  # a result of a raydg older than model.json: its weights alone
+                self.client.log_artifacts(run_id, tmp, artifact_path="model")
+                return
+            (Path(tmp) / "model.json").write_text(json.dumps(info, indent=1))
+            images = (-1, info["in_channels"], info["image_size"], info["image_size"])
+            signature = ModelSignature(Schema([TensorSpec(np.dtype("uint8"), images)]),
+                                       Schema([TensorSpec(np.dtype("int64"), (-1,))]))
+            with warnings.catch_warnings():  # MLflow's advice on input examples
+                warnings.filterwarnings("ignore", message=".*input example")
+                mlflow.pyfunc.save_model(
+                    Path(tmp) / "model", python_model=code.__file__, signature=signature,
+                    artifacts={"info": str(Path(tmp) / "model.json"),
+                               **{name: str(path) for name, path in files.items()}},
+                    pip_requirements=[f"raydg=={VERSION['raydg.version']}"])
+            self.client.log_artifacts(run_id, str(Path(tmp) / "model"), artifact_path="model")
 
     def end_child(self, key: str, status: str) -> None:
         self._call(lambda: self.client.set_terminated(self.children[key], status))

@@ -52,9 +52,10 @@ class Collector(tune.Callback):
         fed, report = self._fed(trial), result["raydg"]
         for message in report["messages"]:
             if message.startswith("placement:"):  # said once while it stays the same
-                if message == self.placement:
-                    continue
-                self.placement = message
+                if message != self.placement:
+                    self.placement = message
+                    self.progress.placed(fed, f"[{fed.title()}] {message}")
+                continue
             warning = message.startswith("warning")
             if warning:
                 self.tracker.warn(fed.key, message)

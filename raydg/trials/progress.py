@@ -39,6 +39,7 @@ class Progress:
         self.board: dict[str, str] = {}  # live: the line of each running federation
         self.status = ""  # live: the board's last line
         self.drawn = self.reported = self.width = 0
+        self.placed_once = False
 
     def say(self, text: str, important: bool = False) -> None:
         """A message (placement, restart, warning), above the live board."""
@@ -61,7 +62,21 @@ class Progress:
             self.drawn = len(lines)
 
     def start(self, key: str) -> None:
+        """A federation's trial started (the first one says so: its driver and client actors
+        take seconds to start before round 1)."""
+        if not self.started:
+            self.say("raydg: starting the federations' drivers and client actors")
         self.started.setdefault(key, time.perf_counter())
+
+    def placed(self, fed: Federation, line: str) -> None:
+        """A federation's client actors are placed: say where and, for the first one, that
+        round 1 is under way (its line comes when it ends)."""
+        first = not self.placed_once
+        self.placed_once = True
+        self.say(line)
+        if first:
+            self.say(f"[{fed.title()}] round {self.done[fed.key] + 1}/{self.rounds[fed.key]} "
+                     "under way")
 
     def running(self) -> list[str]:
         return [k for k in self.started if self.done[k] < self.rounds[k]]

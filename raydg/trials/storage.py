@@ -76,6 +76,32 @@ def read_manifest(directory: str) -> dict[str, Any]:
     return manifest
 
 
+def unfinished(storage: str) -> list[tuple[str, str]]:
+    """The experiments under ``storage`` that ``raydg resume`` can continue, newest first:
+    (folder, the status of its MLflow parent run: KILLED, FAILED, RUNNING when its process
+    was killed, or why it could not be read); finished ones are left out."""
+    import pyarrow.fs as pafs
+
+    from raydg.tracking.store import reading_client
+
+    fs, path = _filesystem(storage)
+    folders = [i for i in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+               if i.type == pafs.FileType.Directory
+               and fs.get_file_info(f"{i.path}/{MANIFEST}").type == pafs.FileType.File]
+    out = []
+    for info in sorted(folders, key=lambda i: i.mtime_ns or 0, reverse=True):
+        folder = info.path if "://" not in storage else f"{storage.rstrip('/')}/{info.base_name}"
+        manifest = read_manifest(folder)
+        try:
+            client = reading_client(manifest["config"].get("tracking_uri") or "")
+            status = client.get_run(manifest["run_id"]).info.status
+        except Exception as err:  # a store moved or gone: still listed, with why
+            status = f"its MLflow run cannot be read ({type(err).__name__})"
+        if status != "FINISHED":
+            out.append((folder, status))
+    return out
+
+
 def verify_checkpoints(directory: str, feds: list[Federation]) -> None:
     """Before a resume, for each unfinished federation of the experiment in ``directory``: the
     checkpoint that Tune's experiment state will restore it from exists, is whole and belongs

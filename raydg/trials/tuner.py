@@ -52,6 +52,9 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
     # a trial's failure is raydg's one line (Collector.on_trial_recover), or the error raised
     # once its restarts are spent, not Tune's traceback of each attempt (its error file keeps it)
     os.environ.setdefault("TUNE_PRINT_ALL_TRIAL_ERRORS", "0")
+    # MLflow is the one record: no CSV, JSON or TensorBoard copy per trial (tensorboardX, which
+    # ray[tune] installs, would also import torch into the experiment's process)
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     collector = Collector(feds, tracker, out, progress)
     ACTIVE.update(collector=collector, stopper=StopOnError(collector))
     trainable = tune.with_resources(tune.with_parameters(federation, data=data,
