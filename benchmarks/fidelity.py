@@ -89,7 +89,8 @@ from fidelity_protocols import (
     protocols,
 )
 
-from raydg.config import RunConfig, Search, apply, load_yaml, split_search
+from raydg.config import RunConfig, Search, apply, split_search
+from raydg.config_files import load_yaml
 
 
 def rows_file(rows_dir: Path, dataset: str, regime: str, protocol: str) -> Path:

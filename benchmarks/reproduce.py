@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raydg import config as config_mod
+from raydg.config_files import load_yaml
 from raydg.reporting.reproduction import (
     COMPOSED,
     Comparison,
@@ -117,7 +118,7 @@ DESIGN = Design(
 
 def render() -> str:
     """docs/reproduction.md from the committed rows and the paper config."""
-    values = config_mod.load_yaml(str(ROOT / CONFIG))
+    values = load_yaml(str(ROOT / CONFIG))
     paper = paper_numbers(values, str(CONFIG))
     return page(read_rows(ROOT / ROWS), paper, NAMES, GOALS, values["seeds"], str(ROWS),
                 "python benchmarks/reproduce.py page", str(CONFIG), designs=[DESIGN])
@@ -148,7 +149,7 @@ def protocol(values: dict[str, object], variant: dict[str, str]
 
 def todo() -> list[str]:
     """The ``raydg run`` commands that complete the paper's rows in the rows file."""
-    values = config_mod.load_yaml(str(ROOT / CONFIG))
+    values = load_yaml(str(ROOT / CONFIG))
     targets = paper_targets(paper_numbers(values, str(CONFIG)))
     return [f"raydg run --config {CONFIG} --method {method} --target {target} "
             + " ".join(f"--seed {s}" for s in lacking) + f" --experiment {EXPERIMENT}"
@@ -193,7 +194,7 @@ def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
     from raydg.reporting.runs import find_runs
 
     client = MlflowClient(tracking_uri)
-    values = config_mod.load_yaml(str(ROOT / CONFIG))
+    values = load_yaml(str(ROOT / CONFIG))
     runs = find_runs(client, [experiment], variant.get("dataset", values["dataset"]), [], "")
     parents: dict[str, str] = {}
     prints = {}

@@ -48,6 +48,7 @@ import ray
 
 from raydg import config as config_mod
 from raydg.config import RunConfig
+from raydg.config_files import load_yaml
 from raydg.experiment import ExperimentResult, run_experiment
 from raydg.results import FederationResult, timing_free
 from raydg.tracking.store import check_store
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = config_mod.apply(
             RunConfig(dataset="digits-style"),
-            config_mod.split_search(config_mod.load_yaml(args.config))[0] if args.config else {})
+            config_mod.split_search(load_yaml(args.config))[0] if args.config else {})
         base = dataclasses.replace(base, method=args.method, seeds=args.seeds, target="all",
                                    rounds=args.rounds or base.rounds,
                                    tracking_uri=f"sqlite:///{tmp}/mlflow.db",

@@ -29,10 +29,10 @@ from raydg.config import (
     Search,
     apply,
     extend_search,
-    load_yaml,
     parse_search,
     split_search,
 )
+from raydg.config_files import load_yaml
 from raydg.errors import RaydgError
 
 if TYPE_CHECKING:

@@ -191,10 +191,12 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None,
     if dashboard:
         token = " (token: ray get-auth-token)" if os.environ.get("RAY_AUTH_MODE") == "token" else ""
         say(f"raydg: Ray dashboard at http://{context.dashboard_url}{token}")
-    if address is None:
-        reaper.watch()  # this machine's Ray ends with raydg, however raydg ends
+    # this machine's Ray ends with raydg, however raydg ends
+    unwatch = reaper.watch() if address is None else None
     try:
         with stop_on_sigterm() as on_stop:
             yield address is None, on_stop
     finally:
         ray.shutdown()
+        if unwatch is not None:
+            unwatch()

@@ -10,93 +10,112 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import itertools
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, get_type_hints
 
 import numpy as np
-import yaml
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
+from raydg.config_files import load_text
 from raydg.errors import RaydgError, cut, quoted
-from raydg.seeding import check_seed
+from raydg.seeding import MAX_SEED, check_seed
+
+# The types of the config keys: what every value is checked against, strictly (no true for a
+# number, no 1.5 for an integer, no NaN), wherever it comes from (YAML, --set, --grid, Python).
+Count = Annotated[int, Field(gt=0)]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description="integers from 0 to 2**63 - 1, which "
+                            "numpy, torch and MLflow's tables all take")]
+Positive = Annotated[float, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0)]
+Text = Annotated[str, Field(strict=False)]  # a number is its text: ``experiment: 2024``
+LrSchedule = Literal["constant", "cosine"]  # cosine: annealed over the rounds
+Optimizer = Literal["sgd", "adam"]
+Placement = Literal["pack", "spread"]
+TrainTransform = Literal["none", "flip", "flip-jitter", "crop-flip", "domainbed"]
+ValidateClients = Annotated[str, Field(strict=False, pattern=r"^(all|sampled|[1-9][0-9]*)$",
+                                       description="all, sampled or a positive number of clients")]
+STRICT = ConfigDict(strict=True, allow_inf_nan=False, coerce_numbers_to_str=True)
 
 
 @dataclass
 class RunConfig:
-    dataset: str = "digits-style"
-    method: str = "fedavg"
-    augment: str | None = None  # an augmentation method composed with ``method`` (e.g. ccst)
-    aggregation: str | None = None  # an aggregation rule composed with ``method`` (e.g. ga)
-    target: str = "all"  # a domain name or "all" (one sub-run per held-out domain)
-    seeds: list[int] = field(default_factory=lambda: [0])
+    dataset: Text = "digits-style"
+    method: Text = "fedavg"
+    augment: Text | None = None  # an augmentation method composed with ``method`` (e.g. ccst)
+    aggregation: Text | None = None  # an aggregation rule composed with ``method`` (e.g. ga)
+    target: Text = "all"  # a domain name or "all" (one sub-run per held-out domain)
+    seeds: Annotated[list[Seed], Field(min_length=1)] = field(default_factory=lambda: [0])
     # clients and sampling
-    clients: int | None = None  # None: one client per source domain
-    dirichlet: float | None = None  # None: label-iid split of each domain
+    clients: Count | None = None  # None: one client per source domain
+    dirichlet: Positive | None = None  # None: label-iid split of each domain
     # each client draws this many samples of its domain (a cross-device population, which may
     # exceed the data); None: the domain's samples are split among its clients
-    client_size: int | None = None
-    sample: int | None = None  # clients per round; None: all when N <= 10, else 10
-    agg_weights: str = "samples"  # "samples" (n_k, the papers' equations) or "uniform"
+    client_size: Count | None = None
+    sample: Count | None = None  # clients per round; None: all when N <= 10, else 10
+    # "samples" (n_k, the papers' equations) or "uniform"
+    agg_weights: Literal["samples", "uniform"] = "samples"
     # local training (None: the dataset's defaults)
-    rounds: int | None = None
-    local_steps: int | None = None
-    lr: float | None = None
-    lr_schedule: str = "constant"  # constant | cosine (annealed over the rounds)
-    optimizer: str = "sgd"  # sgd (momentum, weight_decay) | adam (default betas; weight_decay)
-    momentum: float | None = None
-    weight_decay: float = 0.0
-    batch_size: int | None = None
-    equal_compute: str | None = None  # a method: add rounds to match its setup steps
+    rounds: Count | None = None
+    local_steps: Count | None = None
+    lr: Positive | None = None
+    lr_schedule: LrSchedule = "constant"
+    optimizer: Optimizer = "sgd"  # sgd (momentum, weight_decay) | adam (default betas)
+    momentum: Annotated[float, Field(ge=0, lt=1)] | None = None
+    weight_decay: NonNegative = 0.0
+    batch_size: Count | None = None
+    equal_compute: Text | None = None  # a method: add rounds to match its setup steps
     # model selection and evaluation (FedFD-A §4.1 "Evaluation Protocols"; FedIG-A A.2)
-    val_fraction: float = 0.1
-    val_every: int | None = None  # local steps between client-side validations; None: dataset's
+    val_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    val_every: Count | None = None  # local steps between client-side validations; None: dataset's
     # who validates each round's global model: all clients (the papers' protocol), the round's
     # sampled clients, or K clients drawn per round ("100"), every validate_every rounds and
     # the last: the cross-device settings, where validating N clients a round costs O(N)
-    validate_clients: str = "all"
-    validate_every: int = 1
+    validate_clients: ValidateClients = "all"
+    validate_every: Count = 1
     # upload each client's best-validation weights of the round; None: the method's paper
     client_selection: bool | None = None
     eval_local: bool = False  # in-federation accuracy with local statistics (FedIG-A A.7)
-    eval_batch_size: int = 256
+    eval_batch_size: Count = 256
     # model and data
-    model: str | None = None
+    model: Text | None = None
     pretrained: bool | None = None  # ImageNet weights; None: the dataset's default
-    weights: str | None = None  # a state-dict file to start from instead of torchvision's
-    image_size: int | None = None
-    train_transform: str = "none"  # none | flip | flip-jitter | crop-flip | domainbed
-    data_root: str | None = None
+    weights: Text | None = None  # a state-dict file to start from instead of torchvision's
+    image_size: Count | None = None
+    train_transform: TrainTransform = "none"
+    data_root: Text | None = None
     skip_bad_images: bool = False  # skip (and count) unreadable images instead of failing
     cache: bool = True  # decode image files once into cache_dir, memory-map them afterwards
-    cache_dir: str | None = None  # None: $RAYDG_CACHE or ~/.cache/raydg
+    cache_dir: Text | None = None  # None: $RAYDG_CACHE or ~/.cache/raydg
     # resources
-    actors: int | None = None  # None: one per client while resources allow
-    cpus_per_actor: float = 1.0
-    gpus_per_actor: float = 0.0
+    actors: Count | None = None  # None: one per client while resources allow
+    cpus_per_actor: Positive = 1.0
+    gpus_per_actor: NonNegative = 0.0
     deterministic: bool = True  # on a GPU: reproducible kernels; false: torch's defaults
-    address: str | None = None  # Ray cluster address; None: a local Ray (or RAY_ADDRESS)
+    address: Text | None = None  # Ray cluster address; None: a local Ray (or RAY_ADDRESS)
     dashboard: bool = False  # a local Ray with Ray's own processes and its dashboard
-    checkpoint_every: int | None = None  # rounds; None: as often as costs < 2 % of the time
-    max_failures: int = 2  # restarts of a federation from its checkpoint (lost actor or node)
-    max_concurrent: int | None = None  # federations at once; None: as many as the cluster holds
-    placement: str = "pack"  # how a federation's actors spread over nodes: pack | spread
+    checkpoint_every: Count | None = None  # rounds; None: as often as costs < 2 % of the time
+    # restarts of a federation from its checkpoint (lost actor or node)
+    max_failures: Annotated[int, Field(ge=0)] = 2
+    max_concurrent: Count | None = None  # federations at once; None: as many as the cluster holds
+    placement: Placement = "pack"  # how a federation's actors spread over nodes
     # run federations one after another on warm trial and client actors (Tune's reuse_actors)
     reuse_actors: bool = True
-    storage: str | None = None  # trials' results: folder or URI; None: $RAYDG_STORAGE or here
+    storage: Text | None = None  # trials' results: folder or URI; None: $RAYDG_STORAGE or here
     # tracking
-    tracking_uri: str | None = None
-    experiment: str | None = None
+    tracking_uri: Text | None = None
+    experiment: Text | None = None
     # modules or .py files that register methods, datasets or models (raydg.plugins), besides
     # the installed packages' entry points
-    plugins: list[str] = field(default_factory=list)
-    options: dict[str, Any] = field(default_factory=dict)
+    plugins: list[Text] = field(default_factory=list)
+    options: dict[Text, Any] = field(default_factory=dict)
     # options for whichever method runs, by method name, e.g. {fedprox: {mu: 0.1}}: what lets
     # one config serve a table's baselines; ``options`` override them
-    method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    method_options: dict[Text, dict[Text, Any]] = field(default_factory=dict)
     # the options that a paper config (a file with a ``paper`` section) gives, by method:
     # that paper's values, so table rows do not flag them as not the paper's
-    paper_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    paper_options: dict[Text, dict[Text, Any]] = field(default_factory=dict)
 
     @property
     def seed(self) -> int:
@@ -107,38 +126,71 @@ class RunConfig:
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
+@functools.cache
+def _adapter(key: str) -> TypeAdapter:
+    return TypeAdapter(get_type_hints(RunConfig, include_extras=True)[key], config=STRICT)
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of a config file (``raydg schema``; ``docs/config.schema.json``, for
+    editors): every key's type and default, and the file's own sections."""
+    keys = {f.name: {**_adapter(f.name).json_schema(), "default": getattr(RunConfig(), f.name)}
+            for f in dataclasses.fields(RunConfig)}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "raydg config file", "type": "object", "additionalProperties": False,
+            "properties": {**keys, **FILE_SCHEMA}}
+
+
 def _coerce(key: str, value: Any) -> Any:
-    """Check a value's type against the field's annotation, converting where unambiguous."""
-    kind = str(FIELDS[key].type)
-    if value is None:
-        if "None" not in kind:
-            raise RaydgError(f"config key {key!r} cannot be empty")
-        return None
+    """``value`` checked against config key ``key``'s type (:data:`STRICT`); refused in one
+    line that names the key, the expected type and the value."""
     try:
-        if kind.startswith("list["):
-            items = value if isinstance(value, list) else [value]
-            return [int(v) for v in items] if kind.startswith("list[int]") else [
-                str(v) for v in items]
-        if kind.startswith("bool"):
-            if not isinstance(value, bool):
-                raise ValueError
-            return value
-        if kind.startswith("int"):
-            if isinstance(value, bool) or float(value) != int(value):
-                raise ValueError
-            return int(value)
-        if kind.startswith("float"):
-            return float(value)
-        if kind.startswith("str"):
-            return str(value)
-        if kind.startswith("dict"):
-            if not isinstance(value, dict):
-                raise ValueError
-            return dict(value)
-    except (TypeError, ValueError):
-        raise RaydgError(f"config key {key!r}: cannot use {quoted(value)} (expected {kind})"
+        return _adapter(key).validate_python(value)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where, spec = key, _adapter(key).json_schema()
+        for part in first["loc"]:
+            if isinstance(part, int) or part.isdigit():  # an item of a list
+                where, spec = f"{where}[{part}]", spec.get("items", spec)
+            elif part != "[key]":  # a value of a mapping
+                where, spec = f"{where}.{part}", spec.get("additionalProperties", spec)
+        value = first["input"]
+        shown = {True: "true", False: "false", None: "null"}.get(value, quoted(value)) if (
+            value is None or isinstance(value, bool)) else quoted(value)
+        raise RaydgError(f"config key {quoted(where)} must be {expected(spec)}, not {shown}"
                          ) from None
-    return value
+
+
+def check(cfg: RunConfig) -> None:
+    """Refuse a config (however made: a file, options, Python) with a value of the wrong type
+    or out of its range, as :func:`apply` does."""
+    for f in dataclasses.fields(cfg):
+        _coerce(f.name, getattr(cfg, f.name))
+
+
+def expected(spec: dict[str, Any], many: bool = False) -> str:
+    """``an integer > 0 or null``: what a JSON Schema of one value allows, in words
+    (``many``: of several, ``integers > 0``)."""
+    if "anyOf" in spec:
+        return " or ".join(expected(s, many) for s in spec["anyOf"])
+    if "description" in spec:
+        return spec["description"]
+    if "enum" in spec or "const" in spec:
+        return "one of " + ", ".join(map(str, spec.get("enum", [spec.get("const")])))
+    if spec.get("type") == "array":
+        size = "a non-empty list" if spec.get("minItems") else "a list"
+        return f"{size} of {expected(spec.get('items', {}), many=True)}"
+    words = {"integer": "integer", "number": "finite number", "string": "string",
+             "object": "mapping"}
+    kind = spec.get("type", "")
+    if kind in words:
+        text = f"{words[kind]}s" if many else f"{'an' if kind == 'integer' else 'a'} {words[kind]}"
+    else:
+        text = {"boolean": "true or false", "null": "null"}.get(kind, "any value")
+    bounds = [f"{op} {spec[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"),
+                                               ("maximum", "<="), ("exclusiveMaximum", "<"))
+              if k in spec]
+    return " ".join([text, " and ".join(bounds)]).strip()
 
 
 def apply(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
@@ -188,134 +240,6 @@ def parse_sets(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
             raise RaydgError(f"--set expects key=value, got {quoted(pair)}")
         out[key.strip()] = load_text(raw, f"--set {cut(key.strip())}") if raw.strip() else None
     return out
-
-
-MAX_YAML_BYTES = 2**20  # a config document: a file or a --set value
-MAX_YAML_VALUES = 100_000  # the values of a document, each alias counted as what it repeats
-MAX_YAML_DEPTH = 50  # lists and mappings within each other
-
-
-class _Refused(yaml.YAMLError):
-    """A document beyond :class:`BoundedLoader`'s limits."""
-
-
-class BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader (plain data: no tag constructs an object) that refuses, while it
-    composes, a document nesting deeper than ``MAX_YAML_DEPTH`` or holding more than
-    ``MAX_YAML_VALUES`` values once its aliases are expanded: the "billion laughs" shape, a
-    few hundred bytes of aliases of aliases, is refused before anything expands it."""
-
-    def __init__(self, stream: str | bytes) -> None:
-        super().__init__(stream)
-        self.sizes: dict[yaml.Node, int] = {}  # values under each composed node, expanded
-        self.depth = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
-        if self.check_event(yaml.AliasEvent):
-            anchor = self.peek_event().anchor
-            node = super().compose_node(parent, index)
-            if node not in self.sizes:
-                raise _Refused(f"alias *{cut(anchor)} refers to a value that holds it")
-            return node
-        self.depth += 1
-        if self.depth > MAX_YAML_DEPTH:
-            raise _Refused(f"nests lists and mappings deeper than the limit of {MAX_YAML_DEPTH} "
-                           "levels")
-        node = super().compose_node(parent, index)
-        self.depth -= 1
-        children = (node.value if isinstance(node, yaml.SequenceNode) else
-                    [n for pair in node.value for n in pair]
-                    if isinstance(node, yaml.MappingNode) else [])
-        self.sizes[node] = 1 + sum(self.sizes[child] for child in children)
-        if self.sizes[node] > MAX_YAML_VALUES:
-            raise _Refused(f"holds more than the limit of {MAX_YAML_VALUES:,} values once its "
-                           "aliases are expanded")
-        return node
-
-
-def _reason(err: yaml.YAMLError) -> str:
-    """What is wrong with a YAML document, in one short line."""
-    mark = getattr(err, "problem_mark", None)
-    if isinstance(err, yaml.MarkedYAMLError) and mark is not None:
-        what = ", ".join(filter(None, (err.context, err.problem)))
-        return f"{cut(what, 120)} (line {mark.line + 1}, column {mark.column + 1})"
-    return cut(str(err).split("\n")[0], 120)
-
-
-def load_text(text: str | bytes, where: str) -> Any:
-    """The YAML document ``text`` (a config file's bytes, a ``--set`` or ``--grid`` value)
-    as plain data, within the limits of :class:`BoundedLoader` and ``MAX_YAML_BYTES``;
-    ``where`` names it in errors."""
-    if len(text) > MAX_YAML_BYTES:
-        raise RaydgError(f"{where} is refused: it is larger than the limit of "
-                         f"{MAX_YAML_BYTES // 2**20} MiB for a config document")
-    try:
-        loader = BoundedLoader(text)  # reads the first bytes: an encoding error is raised here
-        try:
-            return loader.get_single_data()
-        finally:
-            loader.dispose()
-    except _Refused as err:
-        raise RaydgError(f"{where} is refused: its YAML {err}") from None
-    except yaml.YAMLError as err:
-        raise RaydgError(f"{where} is not valid YAML: {_reason(err)}") from None
-
-
-def configs_dir() -> Path:
-    """The ready-made configs (and ``sweeps/``): the copy an installed wheel carries
-    (``raydg/configs``), else the checkout's ``configs/``."""
-    packaged = Path(__file__).resolve().parent / "configs"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[1] / "configs"
-
-
-def ready_made() -> dict[str, Path]:
-    """The ready-made configs by name: ``csac-rotmnist``, ``sweeps/fedprox-digits-style``."""
-    root = configs_dir()
-    return {str(p.relative_to(root).with_suffix("")): p
-            for p in sorted([*root.glob("*.yaml"), *root.glob("sweeps/*.yaml")])}
-
-
-def config_file(path: str | Path) -> Path:
-    """``path`` if it is a file, else the ready-made config it names (``csac-rotmnist``, with
-    or without ``.yaml``, ``configs/`` or ``sweeps/``)."""
-    p = Path(path)
-    if p.is_file():
-        return p
-    name = str(path).removesuffix(".yaml").removeprefix("configs/")
-    known = ready_made()
-    found = known.get(name) or known.get(f"sweeps/{name}")
-    if found is None:
-        close = difflib.get_close_matches(name, list(known), n=3)
-        hint = f"; did you mean {', '.join(close)}?" if close else " (raydg list configs)"
-        raise RaydgError(f"config file {quoted(str(path))} does not exist, nor is it the name of "
-                         f"a ready-made config{hint}")
-    return found
-
-
-def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A config file's keys (a file, or a ready-made config by name: :func:`config_file`).
-    ``extends: OTHER.yaml`` (relative to the file) loads that file first; this file's keys
-    override its keys, and ``options`` are merged key by key."""
-    p = config_file(path) if not _seen else Path(path)
-    if not p.is_file():
-        raise RaydgError(f"config file {str(p)!r} does not exist")
-    if p.resolve() in _seen:
-        raise RaydgError(f"config file {str(p)!r} extends itself")
-    with p.open("rb") as f:  # no more than the limit, however large the file
-        data = load_text(f.read(MAX_YAML_BYTES + 1), f"config file {str(p)!r}") or {}
-    if not isinstance(data, dict):
-        raise RaydgError(f"config file {str(p)!r} must hold a mapping of config keys")
-    if "extends" not in data:
-        return data
-    base = load_yaml(p.parent / str(data.pop("extends")), (*_seen, p.resolve()))
-    merged = {**base, **data}
-    if "options" in base and "options" in data:
-        merged["options"] = {**base["options"], **data["options"]}
-    if "method_options" in base and "method_options" in data:
-        methods = {**base["method_options"], **data["method_options"]}
-        merged["method_options"] = {m: {**base["method_options"].get(m, {}), **o}
-                                    for m, o in methods.items()}
-    return merged
 
 
 # config keys that place or track a run without changing its result
@@ -454,6 +378,20 @@ def parse_search(grid: Any = None, random: Any = None) -> Search:
 
 
 FILE_SECTIONS = ("grid", "random", "paper")  # sections of a config file that are not keys
+FILE_SCHEMA = {  # the sections' and ``extends``'s JSON Schema (:func:`schema`)
+    "extends": {"type": "string", "description": "a config file to start from, relative to "
+                                                "this one"},
+    "grid": {"type": "object", "additionalProperties": {"type": "array", "minItems": 1},
+             "description": "every combination of these keys' values (a sweep)"},
+    "random": {"type": "object", "additionalProperties": False, "required": ["samples", "space"],
+               "properties": {"samples": {"type": "integer", "exclusiveMinimum": 0},
+                              "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+                              "space": {"type": "object"}},
+               "description": "random draws: {samples, seed, space: {key: {distribution: "
+                              "[args]}}}"},
+    "paper": {"type": "object", "description": "the published numbers that raydg report "
+                                               "--paper prints beside the measured"},
+}
 
 
 def extend_search(search: Search, grid: dict[str, list[Any]], what: str) -> Search:

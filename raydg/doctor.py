@@ -50,6 +50,11 @@ def facts() -> dict[str, str]:
             "NVIDIA driver": nvidia_driver()}
 
 
+def _progress(out: Callable[[str], None]) -> Callable[[str], None]:
+    """The run's progress lines, indented, without its tables and its temporary MLflow store."""
+    return lambda line: out(f"  {line}") if line.startswith(("raydg: ", "[")) else None
+
+
 def doctor(gpus: int, out: Callable[[str], None]) -> None:
     """Print :func:`facts`; refuse fewer than ``gpus`` GPUs; run one round (on the GPUs if
     ``gpus``) and print where the client actors ran and the target accuracy."""
@@ -70,11 +75,11 @@ def doctor(gpus: int, out: Callable[[str], None]) -> None:
                                   tracking_uri=f"sqlite:///{tmp}/mlflow.db",
                                   storage=str(Path(tmp) / "results"))
         out(f"one round of FedAvg on {cfg.dataset}, on a fresh Ray of this node (a few "
-            "seconds to a minute)...")
+            "seconds to a minute):")
         start = time.perf_counter()
-        result = run_experiment(cfg, out=lambda _: None, progress="none")
+        result = run_experiment(cfg, out=_progress(out))
     (run,) = result.runs
     devices = sorted({row["device"] for row in run.tables["placement"] if row["role"] == "client"})
     out(f"one round of FedAvg on {cfg.dataset} ({cfg.clients} clients on {', '.join(devices)}): "
-        f"target accuracy {run.last[run.mode]:.3f}, {time.perf_counter() - start:.1f} s")
+        f"target accuracy {100 * run.last[run.mode]:.1f}%, {time.perf_counter() - start:.1f} s")
     out("doctor: OK")

@@ -146,7 +146,7 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         cfg = dataclasses.replace(cfg, tracking_uri=moved or cfg.tracking_uri)
     cfg = dataclasses.replace(cfg, tracking_uri=tracking_uri(cfg))
     check_cluster(cluster_address(cfg))  # before any work (ray_session checks it again)
-    if manifest is not None and "plugins" in manifest:  # older manifests did not record them
+    if manifest is not None:
         plugins.check_unchanged(cfg.plugins, manifest["plugins"])
     plan, data, weights = _prepare(cfg, search, resume, say, out)
     base = plan.config

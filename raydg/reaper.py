@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import IO
+from collections.abc import Callable
 
 import psutil
 
-_PIPES: list[IO[bytes]] = []  # held open for the life of this process
 
-
-def watch() -> None:
-    """Watch every process this one has started so far (its local Ray)."""
+def watch() -> Callable[[], None]:
+    """Watch every process this one has started so far (its local Ray); the function returned
+    ends the watch once that Ray has been shut down (the reaper ends what is left of it and
+    exits: a process that runs many experiments keeps no reaper per experiment)."""
     procs = [[p.pid, p.create_time()] for p in psutil.Process().children(recursive=True)]
     reaper = subprocess.Popen([sys.executable, "-m", "raydg.reaper"], stdin=subprocess.PIPE,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -30,7 +30,12 @@ def watch() -> None:
     assert reaper.stdin is not None
     reaper.stdin.write((json.dumps(procs) + "\n").encode())
     reaper.stdin.flush()
-    _PIPES.append(reaper.stdin)
+
+    def end() -> None:
+        reaper.stdin.close()
+        reaper.wait()
+
+    return end
 
 
 def main() -> None:

@@ -73,8 +73,6 @@ class FederationResult:
     def load(cls, path: Path) -> FederationResult:
         """Read what :meth:`save` wrote."""
         summary = json.loads((path / "result.json").read_text())
-        summary.setdefault("final", {})  # a result saved by an older raydg
-        summary.setdefault("model", {})
         summary["plots"] = {k: tuple(v) for k, v in summary["plots"].items()}
         selected = path / "selected_state.npz"
         tables = {p.stem: pq.read_table(p).to_pylist() for p in sorted(path.glob("*.parquet"))}

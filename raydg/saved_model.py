@@ -83,10 +83,10 @@ def load_model(run_id: str, tracking_uri: str | None = None,
     except Exception as err:  # MlflowException, OSError: the run or its artifacts are missing
         raise RaydgError(f"run {run_id} in {uri} has no logged model: {err} (a child run, "
                          "one per federation, logs its model)") from None
-    files = folder / "artifacts" if (folder / "artifacts" / INFO).exists() else folder  # older
+    files = folder / "artifacts"  # an MLflow model's (raydg.mlflow_model)
     if not (files / INFO).exists():
-        raise RaydgError(f"run {run_id} in {uri} has no logged model/{INFO}: an older raydg "
-                         "logged it")
+        raise RaydgError(f"run {run_id} in {uri} has no logged model/artifacts/{INFO}: a "
+                         "raydg before 0.1.0 logged it")
     return build(json.loads((files / INFO).read_text()), files / f"{which}.npz")
 
 

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
+
+from raydg.config import TrainTransform
 
 if TYPE_CHECKING:  # torch is imported where a transform runs: the CLI's help needs none of it
     from torch import Tensor
 
-TRANSFORMS = ("none", "flip", "flip-jitter", "crop-flip", "domainbed")
+TRANSFORMS = get_args(TrainTransform)
 CROP_SCALE, CROP_RATIO, CROP_TRIES = (0.7, 1.0), (3 / 4, 4 / 3), 10
 JITTER, GRAYSCALE_P = 0.3, 0.1
 CPU_CHUNK = 2 ** 20  # values (images x channels x pixels) augmented at once on a CPU

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from click.testing import CliRunner
 
 import raydg
@@ -29,6 +30,7 @@ def readme_example() -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@pytest.mark.slow
 def test_the_docs_example_trains_shows_progress_and_prints_what_raydg_report_prints(
         ray_session, capsys):
     """The example shows its progress, both methods learn (every seed at least twice chance
@@ -49,6 +51,7 @@ def test_the_docs_example_trains_shows_progress_and_prints_what_raydg_report_pri
     assert fedbn.split()[-3:] == ours.group(1).split(), (fedbn, ours.group(1))
 
 
+@pytest.mark.slow
 def test_results_tables_hold_the_printed_numbers(ray_session):
     result = raydg.run("digits-style", method="fedfd-a", target="sketch", seeds=[0, 1],
                        rounds=1, local_steps=2, experiment="api-tables")
@@ -83,6 +86,7 @@ print(json.dumps({"run_id": result.run_id, "rows": result.rows.to_pylist()}))
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_experiment_and_leaves_no_ray_process(tmp_path):
     """A script's Ctrl-C (SIGINT to the Python process, as a notebook's interrupt) while
     rounds run: ``raydg.Interrupted``, then no process of the Ray it started is left; another

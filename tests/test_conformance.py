@@ -29,7 +29,7 @@ from raydg.methods import METHODS
 from raydg.resolve import resolve
 from raydg.results import FederationResult, timing_free
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.slow]
 
 TRAINING = [n for n, c in METHODS if not (c.augmentation or c.aggregation)]
 AUGMENT = [n for n, c in METHODS if c.augmentation]

@@ -120,6 +120,7 @@ def expectations(command: str) -> list[str]:
     raise AssertionError(f"no expectation for {command!r}: add one in tests/test_docs.py")
 
 
+@pytest.mark.slow
 def test_every_command_of_the_readme_and_get_started_runs_and_prints_what_they_say(tmp_path):
     """In one folder, as a reader goes on from the README to the get-started page; a command
     shown on both runs once."""

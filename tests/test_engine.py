@@ -44,6 +44,7 @@ def _seed_forcing_a_move() -> int:
     raise AssertionError("no seed samples two co-located clients in round 1")
 
 
+@pytest.mark.slow
 def test_one_and_two_actors_give_bit_identical_weights():
     # FedBN, 2 of 9 clients a round, with a seed whose round 1 samples two clients of the same
     # home actor: the idle actor must take one (work stealing), so a client moves and carries
@@ -71,12 +72,14 @@ def _check_phase_times(run, actors: int) -> None:
         assert row["time/validate"] > 0 and row["time/evaluate"] > 0 and row["time/wait"] >= 0
 
 
+@pytest.mark.slow
 def test_training_changes_weights_and_seed_matters():
     _sim, a = _run(seeds=[1])
     _, b = _run(seeds=[2])
     assert any(not np.array_equal(a.global_state[k], b.global_state[k]) for k in a.global_state)
 
 
+@pytest.mark.slow
 def test_sampling_and_ledger():
     sim, result = _run(clients=6, sample=3, rounds=3, method="fedbn")
     ledger = result.tables["ledger"]
@@ -220,6 +223,7 @@ def test_step_values_are_read_back_once_as_the_floats_of_one_read_per_step():
     assert on_host([]) == [] and on_host([1, 2.0]) == [1.0, 2.0]
 
 
+@pytest.mark.slow
 def test_a_run_stuck_at_chance_says_so_once():
     cfg = tiny_config(rounds=4)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
@@ -234,6 +238,7 @@ def test_a_run_stuck_at_chance_says_so_once():
     assert "collapse" not in learning.tables
 
 
+@pytest.mark.slow
 def test_a_diverging_run_says_so_once():
     cfg = tiny_config(rounds=3, lr=1e6)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
@@ -283,6 +288,7 @@ def _per_client_val(result, cfg) -> dict[int, float]:
     return {c: v["val_acc"] for c, v in host.validate(result.global_state, False)[0].items()}
 
 
+@pytest.mark.slow
 def test_fewer_validations_select_among_validated_rounds_and_leave_training_alone():
     base = {"clients": 9, "sample": 3, "rounds": 4}
     _, full = _run(**base)

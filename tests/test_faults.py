@@ -52,6 +52,7 @@ def undisturbed(ray_session, tmp_path_factory):
 
 @pytest.mark.parametrize("title", ["ray::ClientHost", "ray::ImplicitFunc"],
                          ids=["client-actor", "driver-actor"])
+@pytest.mark.slow
 def test_a_killed_actor_restarts_from_its_checkpoint_and_ends_identically(
         undisturbed, tmp_path, title):
     killed: list[int] = []
@@ -184,6 +185,7 @@ def _break_the_checkpoints(directory: str, env: dict[str, str]) -> Path:
     return older
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     env = {**os.environ, "RAYDG_STORAGE": str(tmp_path / "results")}
@@ -213,6 +215,7 @@ def test_ctrl_c_stops_cleanly_and_resume_ends_identically(undisturbed, tmp_path)
             np.testing.assert_array_equal(npz[k], undisturbed.global_state[k], err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("to", ["raydg", "group", "all"])
 def test_sigterm_stops_cleanly_with_143(tmp_path, to):
     """SIGTERM to raydg, to its process group, or to every process under it (Ray's too): runs
@@ -241,6 +244,7 @@ def test_sigterm_stops_cleanly_with_143(tmp_path, to):
         assert sorted(steps) == list(range(1, 7))
 
 
+@pytest.mark.slow
 def test_a_killed_parent_stops_the_experiment_cleanly(tmp_path):
     """SIGTERM to the group and SIGKILL a moment later (a short grace period): the experiment,
     in a session of its own, still ends its runs KILLED and leaves nothing running."""
@@ -287,6 +291,7 @@ def test_a_bad_experiment_folder_is_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 2 and f"no MLflow run {'0' * 32}" in result.stderr
 
 
+@pytest.mark.slow
 def test_nothing_outlives_a_killed_command(tmp_path):
     """SIGKILL of the process that runs the experiment leaves it no chance to stop its Ray: its
     reaper does; the command exits 137."""
@@ -317,7 +322,8 @@ def test_resuming_into_a_store_without_the_experiments_run_is_one_line(tmp_path,
     cfg = RunConfig(dataset="digits-style", target="sketch", rounds=1, local_steps=2,
                     tracking_uri=f"sqlite:///{tmp_path}/empty.db", storage=str(tmp_path))
     write_manifest(str(tmp_path / "exp"), {"run_id": "a" * 32, "config": to_dict(cfg),
-                                           "search": {"grid": {}, "space": {}, "samples": 0}})
+                                           "search": {"grid": {}, "space": {}, "samples": 0},
+                                           "plugins": []})
     result = CliRunner().invoke(cli, ["resume", str(tmp_path / "exp"), "-q"])
     assert result.exit_code == 2 and result.stderr.strip() == (
         f"raydg: error: {tmp_path / 'exp'} holds no Tune experiment state "
@@ -335,6 +341,36 @@ def test_resuming_into_a_store_without_the_experiments_run_is_one_line(tmp_path,
                             "with --tracking-uri URI of where it is now")
 
 
+def test_an_experiment_of_another_minor_version_is_one_line_naming_it(tmp_path, monkeypatch):
+    """Its manifest names the raydg that wrote it: resuming it is refused before anything else,
+    and ``raydg resume`` lists it with the same reason."""
+    from click.testing import CliRunner
+
+    from raydg.cli import cli
+    from raydg.config import to_dict
+    from raydg.trials.storage import MANIFEST, write_manifest
+    from raydg.version import __version__
+
+    cfg = RunConfig(dataset="digits-style", tracking_uri=f"sqlite:///{tmp_path}/m.db")
+    write_manifest(str(tmp_path / "exp"), {"run_id": "a" * 32, "config": to_dict(cfg),
+                                           "search": {}, "plugins": []})
+    path = tmp_path / "exp" / MANIFEST
+    manifest = json.loads(path.read_text())
+    assert manifest["raydg"] == __version__
+    for wrote, said in (("0.0.9", "0.0.9"), (None, "a version before 0.1.0")):
+        path.write_text(json.dumps({**manifest, "raydg": wrote} if wrote else
+                                   {k: v for k, v in manifest.items() if k != "raydg"}))
+        reason = (f"the experiment was written by raydg {said} and this is raydg "
+                  f"{__version__}: resume it with raydg {said}, or run it again")
+        result = CliRunner().invoke(cli, ["resume", str(tmp_path / "exp")])
+        assert result.exit_code == 2 and result.stderr.strip() == (
+            f"raydg: error: {path}: {reason}"), result.output
+        monkeypatch.setenv("RAYDG_STORAGE", str(tmp_path))
+        listed = CliRunner().invoke(cli, ["resume"])
+        assert f"  {reason}: " in listed.output and str(tmp_path / "exp") in listed.output
+
+
+@pytest.mark.slow
 def test_resuming_a_finished_experiment_says_there_is_nothing_to_do(tmp_path, ray_session):
     """Its results again (the same tables), after a line that says nothing was left to run."""
     from click.testing import CliRunner
@@ -357,6 +393,7 @@ def test_resuming_a_finished_experiment_says_there_is_nothing_to_do(tmp_path, ra
     assert tables(again.output) == tables(run.output)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("back", ["mid-run", "for-resume", "stopped-for-resume"])
 def test_a_store_moved_away_and_back_logs_every_round_once(ray_session, tmp_path, caplog, back):
     """The SQLite store moved away after round 2's report and back after round 4's, or only

@@ -118,6 +118,7 @@ def test_a_claim_outside_its_papers_shift_is_labelled_and_left_out_of_the_family
     assert "out of scope" in fidelity_page.claims_table(claims)[3]
 
 
+@pytest.mark.slow
 def test_the_committed_pages_are_what_their_runs_files_give(capsys):
     """docs/fidelity.md and docs/fidelity-ablations.md, byte for byte (`page --check`)."""
     assert fidelity.main(["page", "--check"]) == 0, capsys.readouterr().err

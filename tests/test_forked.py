@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 # In a fresh interpreter: pytest's own process has torch imported (apart would run in it).
 CASES = textwrap.dedent("""
     import json, os, sys
@@ -76,6 +78,7 @@ RUN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_an_experiments_process_imports_no_torch_and_gets_the_same_result(tmp_path):
     """A whole run through the Python API: planning in a child leaves the process without
     torch, and its result is the same as planning in the process."""

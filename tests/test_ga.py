@@ -153,6 +153,7 @@ def test_ga_refuses_a_method_that_aggregates_without_weights():
         method.on_round_end(server)
 
 
+@pytest.mark.slow
 def test_a_restored_ga_federation_ends_as_the_undisturbed_one(ray_session, tmp_path):
     """GA's weights live on the driver: they survive a checkpoint between rounds."""
     cfg = tiny_config(aggregation="ga", clients=4, sample=3, rounds=3, local_steps=2,

@@ -208,6 +208,7 @@ def test_a_non_resnet_starts_from_a_torchvision_weights_file(tmp_path):
         build_model(ModelSpec("densenet121", 3, 7, 64, weights=state))
 
 
+@pytest.mark.slow
 def test_every_training_method_runs_a_round_on_the_smallest_backbone(ray_session, tmp_path):
     """One round of every training method on mobilenet_v3_small (1.5 M parameters), at 64 px:
     at 32 px its last maps are 1x1, where instance normalisation (gPerXAN) has nothing to

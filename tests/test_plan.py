@@ -13,12 +13,12 @@ from raydg.config import (
     RunConfig,
     Search,
     apply,
-    load_yaml,
     parse_grid,
     parse_search,
     parse_sets,
     split_search,
 )
+from raydg.config_files import load_yaml
 from raydg.datasets import DATASETS
 from raydg.errors import RaydgError
 from raydg.methods.base import learning_rate
@@ -97,7 +97,8 @@ def test_plan_has_one_federation_per_setting_target_and_seed():
         "plain", 0, 0.01, "plain-s0-lr=0.01")
     assert {f.config.lr for f in plan.federations[8:]} == {0.02}
     assert all(f.config.seeds == [f.seed] and f.config.rounds == 10 for f in plan.federations)
-    with pytest.raises(RaydgError, match="rounds must be positive"):  # every setting resolved
+    # every setting is checked
+    with pytest.raises(RaydgError, match="config key 'rounds' must be an integer > 0"):
         plan_experiment(RunConfig(dataset="digits-style"), parse_search({"rounds": [2, 0]}))
     with pytest.raises(RaydgError, match=r"repeats a setting: colour-inverted-s0-lr=0\.1"):
         plan_experiment(RunConfig(dataset="digits-style"), parse_search({"lr": [0.1, 0.1]}))
@@ -203,8 +204,11 @@ def test_cosine_learning_rate_anneals_over_the_rounds():
     np.testing.assert_allclose([learning_rate(cfg, r) for r in (1, 2, 3, 4)], expected)
     assert learning_rate(cfg, 0) == 0.1  # setup phases run at the first round's rate
     assert learning_rate(RunConfig(lr=0.1, rounds=4), 3) == 0.1
-    with pytest.raises(RaydgError, match="lr_schedule must be one of"):
-        resolve(RunConfig(lr_schedule="step"))
+    with pytest.raises(RaydgError, match="'lr_schedule' must be one of constant, cosine, not"):
+        resolve(RunConfig(lr_schedule="step"))  # a config made in Python is checked too
+    with pytest.raises(RaydgError, match="config key 'lr' must be a finite number > 0 or null, "
+                                         "not true"):
+        resolve(RunConfig(lr=True))
 
 
 @pytest.mark.parametrize("method", ["fedbn", "silobn", "fedfd", "fedfd-a", "gperxan"])
@@ -257,7 +261,7 @@ def test_the_optimizer_is_sgd_or_adam_with_the_runs_learning_rate_and_decay():
     assert sgd["momentum"] == 0.5 and adam["betas"] == (0.9, 0.999)
     assert sgd["lr"] == adam["lr"] == 0.02
     assert sgd["weight_decay"] == adam["weight_decay"] == 1e-4
-    with pytest.raises(RaydgError, match="optimizer must be one of sgd, adam"):
+    with pytest.raises(RaydgError, match="config key 'optimizer' must be one of sgd, adam, not"):
         resolve(RunConfig(optimizer="rmsprop"))
 
 
@@ -293,7 +297,8 @@ def test_a_paper_configs_own_options_are_the_papers_and_others_are_labelled():
     """configs/csac-rotmnist.yaml gives CSAC Rotated MNIST's calibration epochs (5, not the
     default 10): no label; a change on top of it, or the file's options under another method,
     are labelled."""
-    from raydg.config import load_yaml, split_search
+    from raydg.config import split_search
+    from raydg.config_files import load_yaml
     from raydg.resolve import row_label
 
     values, _ = split_search(load_yaml("configs/csac-rotmnist.yaml"))

@@ -153,6 +153,7 @@ def _check_the_l2r_run(uri: str, worker_id: str, tmp_path: Path) -> None:
     assert worker_id[:8] in Path(placement).read_text()  # a client actor ran there
 
 
+@pytest.mark.slow
 def test_the_example_method_trains_on_a_two_node_cluster_and_reports_beside_fedavg(
         tmp_path, monkeypatch, forget):
     """The worker node's processes cannot import the example (checked); raydg ships it. One of
@@ -233,6 +234,7 @@ class Failing(Method):
 """
 
 
+@pytest.mark.slow
 def test_a_method_that_fails_shows_its_traceback_once_and_no_ray_log(tmp_path):
     """A plugin method whose training raises (a researcher's bug): exit 1, the traceback that
     reaches the failing line once, raydg's lines naming the federation and the error, and

@@ -40,6 +40,7 @@ def test_glyphs_are_letters_that_do_not_look_like_digits():
     assert gray.shape == (2 * len(LETTERS), 1, 16, 16)
 
 
+@pytest.mark.slow
 def test_pretraining_learns_the_letters_and_is_deterministic(small_recipe):
     state, accuracy = pretrain.pretrain_glyphs("cnn", 3, 16, (0.5,) * 3, (0.5,) * 3)
     assert accuracy > 3 / len(LETTERS)  # well above chance on held-out glyphs

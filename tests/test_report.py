@@ -39,6 +39,8 @@ from tests.report_runs import (
     report_csv,
 )
 
+pytestmark = pytest.mark.slow  # the quick loop (-m "not slow") leaves it out
+
 
 @pytest.fixture
 def store(report_store: str) -> str:

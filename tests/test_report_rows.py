@@ -25,6 +25,8 @@ from tests.report_runs import (
     run_accuracies,
 )
 
+pytestmark = pytest.mark.slow  # the quick loop (-m "not slow") leaves it out
+
 
 @pytest.fixture
 def store(report_store: str) -> str:

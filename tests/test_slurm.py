@@ -19,9 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import free_ports
+
+pytestmark = pytest.mark.slow  # the quick loop (-m "not slow") leaves it out
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "deploy" / "slurm" / "raydg.sbatch"

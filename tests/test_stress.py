@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import load_benchmark
 
+pytestmark = pytest.mark.slow  # the quick loop (-m "not slow") leaves it out
+
 ROUNDS, TARGET = 6, "flat"
 
 

@@ -55,6 +55,7 @@ def _actors(run) -> int:
     return sum(r["role"] == "client" for r in run.tables["placement"])
 
 
+@pytest.mark.slow
 def test_concurrent_trials_equal_sequential_runs_whatever_the_layout(concurrent):
     cfg, result, _ = concurrent
     assert [_actors(r) for r in result.runs] == [1, 1]
@@ -112,6 +113,7 @@ def test_one_mlflow_writer_keeps_every_round_of_concurrent_trials(concurrent):
     assert not any("Trial" in line or "╭" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_sweep_selects_per_target_by_mean_source_validation(tmp_path):
     cfg = RunConfig(**TINY, tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     lines: list[str] = []
@@ -154,6 +156,7 @@ def test_resources_the_cluster_lacks_are_refused_before_any_trial(tmp_path, over
         run_experiment(cfg, out=lambda _: None)
 
 
+@pytest.mark.slow
 def test_a_failing_trial_stops_the_experiment_with_its_error(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     cfg = RunConfig(**TINY, gpus_per_actor=0.5, tracking_uri=uri)  # Ray's GPU, torch sees none

@@ -1,6 +1,6 @@
 """Command line: ``raydg run``, ``sweep``, ``resume``, ``report``, ``data download|check``,
-``doctor``, ``store backup|restore`` and ``list``. Importing it imports neither torch nor Ray:
-``--help`` and ``list`` answer at once.
+``doctor``, ``store backup|restore``, ``list`` and ``schema``. Importing it imports neither
+torch nor Ray: ``--help`` and ``list`` answer at once.
 
 Precedence of settings: built-in defaults < dataset defaults < ``--config`` YAML
 < command-line options < ``--set``.
@@ -16,7 +16,7 @@ import click
 
 from raydg.cli.experiments import resume, run, sweep
 from raydg.cli.options import CONTEXT
-from raydg.cli.tools import data, doctor, list_cmd, report, store
+from raydg.cli.tools import data, doctor, list_cmd, report, schema, store
 from raydg.errors import EmptyResult, RaydgError, TrackingError
 from raydg.version import installed_version
 
@@ -59,7 +59,7 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 def cli() -> None:
     """raydg: parallel simulation of federated domain generalization on Ray."""
 
-for command in (run, sweep, resume, report, data, doctor, store, list_cmd):
+for command in (run, sweep, resume, report, data, doctor, store, list_cmd, schema):
     cli.add_command(command)
 
 

@@ -10,6 +10,7 @@ import click
 
 from raydg import config as config_mod
 from raydg.cli.options import CONTEXT, EXAMPLES, GroupedCommand, run_options
+from raydg.config_files import load_yaml
 from raydg.errors import EmptyResult, RaydgError
 
 
@@ -26,7 +27,7 @@ def _experiment(config_file: str | None, given: dict[str, Any], sets: tuple[str,
 
     cfg, search = config_mod.RunConfig(), config_mod.Search()
     if config_file:
-        values, search = config_mod.split_search(config_mod.load_yaml(config_file))
+        values, search = config_mod.split_search(load_yaml(config_file))
         cfg = config_mod.apply(cfg, values)
     cfg = config_mod.apply(cfg, {k: list(v) if isinstance(v, tuple) else v
                                  for k, v in given.items() if v not in (None, [], ())})

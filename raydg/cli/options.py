@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import click
+
+from raydg.config import LrSchedule, Placement, TrainTransform
 
 DATA_ROOT_ENV = "RAYDG_DATA_ROOT"  # as raydg.datasets, which the help need not import
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -68,7 +70,7 @@ RUN_OPTIONS = [
                  + DATASET_DEFAULT.format(digits=20, images=200) + "]"),
     click.option("--lr", type=float, help="Learning rate. [default: "
                  + DATASET_DEFAULT.format(digits=0.05, images=0.01) + "]"),
-    click.option("--lr-schedule", type=click.Choice(["constant", "cosine"]),
+    click.option("--lr-schedule", type=click.Choice(get_args(LrSchedule)),
                  help="Learning rate over the rounds. [default: constant]"),
     click.option("--equal-compute", metavar="METHOD",
                  help="Add rounds that give the method's clients the local steps that "
@@ -100,12 +102,11 @@ RUN_OPTIONS = [
                  help="GPUs per client actor, fractional, e.g. 0.25. [default: 0]"),
     click.option("--max-concurrent", type=int,
                  help="Federations at once. [default: as many as the cluster holds]"),
-    click.option("--placement", type=click.Choice(["pack", "spread"]),
+    click.option("--placement", type=click.Choice(get_args(Placement)),
                  help="A federation's actors on few nodes or many. [default: pack]"),
     click.option("--data-root", help="Root folder of the image datasets. [default: "
                                      "$RAYDG_DATA_ROOT]"),
-    click.option("--train-transform", type=click.Choice(
-        ["none", "flip", "flip-jitter", "crop-flip", "domainbed"]),
+    click.option("--train-transform", type=click.Choice(get_args(TrainTransform)),
         help="Training augmentation per image; domainbed is DomainBed's. [default: none]"),
     click.option("--skip-bad-images", is_flag=True, default=None,
                  help="Skip (and count) unreadable images instead of stopping."),

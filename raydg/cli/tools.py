@@ -1,8 +1,9 @@
-"""The commands around experiments: ``raydg report``, ``data``, ``doctor``, ``store`` and
-``list``."""
+"""The commands around experiments: ``raydg report``, ``data``, ``doctor``, ``store``,
+``list`` and ``schema``."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import click
 
 from raydg import config as config_mod
 from raydg.cli.options import CONTEXT, DATA_ROOT_ENV
+from raydg.config_files import load_yaml, ready_made
 from raydg.errors import EmptyResult, RaydgError
 
 
@@ -76,7 +78,7 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
         _writable(flag, path)  # before any work
     published = None
     if paper:  # the paper's dataset and model selection unless others are asked for
-        values = config_mod.load_yaml(paper)
+        values = load_yaml(paper)
         published = paper_numbers(values, paper, _domains(values.get("dataset")))
         dataset = dataset or values.get("dataset")
         selection = selection or published["selection"]
@@ -271,7 +273,7 @@ def list_cmd(what: str, plugins: tuple[str, ...]) -> None:
 
     load(plugins)
     if what == "configs":  # by the name that --config and raydg sweep take
-        for name, path in config_mod.ready_made().items():
+        for name, path in ready_made().items():
             first = next((line.lstrip("# ").strip() for line in path.read_text().splitlines()
                           if line.startswith("#")), "")
             click.echo(f"{name}: {first}")
@@ -300,3 +302,9 @@ def list_cmd(what: str, plugins: tuple[str, ...]) -> None:
                        f"{(build.__doc__ or '').strip().splitlines()[0]}")
 
 
+
+
+@click.command(context_settings=CONTEXT)
+def schema() -> None:
+    """Print the JSON Schema of a config file (for an editor's completion and checks)."""
+    click.echo(json.dumps(config_mod.schema(), indent=1))

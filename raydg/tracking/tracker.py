@@ -136,7 +136,6 @@ class Tracker:
         self.restarts: dict[str, int] = {}
         self.warnings: dict[str, list[str]] = {}  # said so far, by key
         self.steps: dict[str, int] = {}  # the last round logged, by key
-        self.scale = 100.0  # accuracies logged in percent (1: a resumed run of fractions)
         self.backlog: list[Callable[[], None]] = []  # calls that failed, to retry in order
         self.away = self.tried = self.reminded = 0.0  # when MLflow failed, was tried, said so
         self.ending, self.ended = threading.Lock(), False
@@ -161,13 +160,11 @@ class Tracker:
         from mlflow.exceptions import MlflowException
 
         try:
-            tags = self.client.get_run(self.run_id).data.tags
+            self.client.get_run(self.run_id)
         except MlflowException:
             raise RaydgError(f"the MLflow store {self.client.tracking_uri} holds no run "
                              f"{self.run_id}, where this experiment logged: if the store has "
                              "moved, resume with --tracking-uri URI of where it is now") from None
-        if UNIT_TAG not in tags:
-            self.scale = 1.0  # logged by an older raydg in fractions: one unit per run
         self.client.update_run(self.run_id, status="RUNNING")
         for run in self.client.search_runs(
                 [self.experiment_id], f"tags.mlflow.parentRunId = '{self.run_id}'",
@@ -206,9 +203,8 @@ class Tracker:
             self.ended = True
 
     def tags(self) -> dict[str, str]:
-        unit = {UNIT_TAG: "percent"} if self.scale == 100 else {}
-        return {"raydg.method": self.label, "raydg.dataset": self.cfg.dataset, **unit,
-                **VERSION}
+        return {"raydg.method": self.label, "raydg.dataset": self.cfg.dataset,
+                UNIT_TAG: "percent", **VERSION}
 
     def _call(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` after the kept calls. While MLflow is away, ``fn`` is kept in order with
@@ -316,7 +312,7 @@ class Tracker:
 
     def log_round(self, key: str, row: dict[str, float]) -> None:
         self.steps[key] = int(row["round"])
-        values = in_percent({k: v for k, v in row.items() if k != "round"}, self.scale)
+        values = in_percent({k: v for k, v in row.items() if k != "round"})
         values.update({f"{CURVES}/{k}": values[k] for k in CURVE_METRICS if k in values})
         self._metrics(self._child(key), values, int(row["round"]))
 
@@ -345,14 +341,14 @@ class Tracker:
             metrics[f"final/target_acc_last/{mode}"] = result.last[mode]
             metrics[f"final/target_acc_oracle/{mode}"] = result.oracle[mode]
         metrics.update({f"final/{k}": v for k, v in result.final.items()})
-        self._metrics(self._child(key), in_percent(metrics, self.scale))
+        self._metrics(self._child(key), in_percent(metrics))
         self._call(lambda: self.client.set_tag(self.children[key], "raydg.mode", result.mode))
         driver = next((r for r in result.tables.get("placement", []) if r["role"] == "driver"),
                       {})
         if driver.get("machine"):  # what ran the federation's driver: its wall time's machine
             self._call(lambda: self.client.set_tag(self.children[key], MACHINE_TAG,
                                                    driver["machine"]))
-        tables = {name: [in_percent(row, self.scale) for row in rows]
+        tables = {name: [in_percent(row) for row in rows]
                   for name, rows in {"history": result.history, **result.tables}.items()}
         self._call(lambda: self.log_tables(self.children[key], tables, plots=result.plots))
         models = {"final": result.global_state, "selected": result.selected_state}
@@ -376,9 +372,6 @@ class Tracker:
                      if state is not None}
             for name, path in files.items():
                 np.savez(path, **models[name])
-            if not info:  # a result of a raydg older than model.json: its weights alone
-                self.client.log_artifacts(run_id, tmp, artifact_path="model")
-                return
             (Path(tmp) / "model.json").write_text(json.dumps(info, indent=1))
             images = (-1, info["in_channels"], info["image_size"], info["image_size"])
             signature = ModelSignature(Schema([TensorSpec(np.dtype("uint8"), images)]),

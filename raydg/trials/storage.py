@@ -18,6 +18,7 @@ from raydg.errors import RaydgError
 from raydg.plan import Federation, Plan
 from raydg.trials import logs
 from raydg.trials.trial import FEDERATION
+from raydg.version import __version__
 
 
 def check_storage(storage: str) -> None:
@@ -55,15 +56,17 @@ def _filesystem(path: str) -> tuple[Any, str]:
 
 
 def write_manifest(directory: str, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` (with the raydg version that writes it) into ``directory``."""
     fs, path = _filesystem(directory)
     fs.create_dir(path, recursive=True)
     with fs.open_output_stream(f"{path}/{MANIFEST}") as f:
-        f.write(json.dumps(manifest, indent=1).encode())
+        f.write(json.dumps({**manifest, "raydg": __version__}, indent=1).encode())
 
 
-def read_manifest(directory: str) -> dict[str, Any]:
+def read_manifest(directory: str, resumable: bool = True) -> dict[str, Any]:
     """What an experiment was started with (its config, search and MLflow run); a one-line
-    error naming the file if it is missing or unreadable."""
+    error naming the file if it is missing or unreadable, or (``resumable``) if another minor
+    version of raydg wrote it (:func:`other_version`)."""
     where = f"{directory.rstrip('/')}/{MANIFEST}"
     try:
         fs, path = _filesystem(where)
@@ -73,7 +76,20 @@ def read_manifest(directory: str) -> dict[str, Any]:
             raise ValueError("keys run_id, config and search are missing")
     except (OSError, ValueError) as err:
         raise RaydgError(f"{where} is not a raydg experiment's manifest: {err}") from None
+    other = other_version(manifest)
+    if resumable and other:
+        raise RaydgError(f"{where}: {other}")
     return manifest
+
+
+def other_version(manifest: dict[str, Any]) -> str | None:
+    """Why this raydg cannot resume an experiment written by another minor version (its
+    config, checkpoints and results may differ in form), or None."""
+    wrote = str(manifest.get("raydg", "a version before 0.1.0"))
+    if wrote.split(".")[:2] == __version__.split(".")[:2]:
+        return None
+    return (f"the experiment was written by raydg {wrote} and this is raydg {__version__}: "
+            f"resume it with raydg {wrote}, or run it again")
 
 
 def unfinished(storage: str) -> list[tuple[str, str]]:
@@ -91,12 +107,13 @@ def unfinished(storage: str) -> list[tuple[str, str]]:
     out = []
     for info in sorted(folders, key=lambda i: i.mtime_ns or 0, reverse=True):
         folder = info.path if "://" not in storage else f"{storage.rstrip('/')}/{info.base_name}"
-        manifest = read_manifest(folder)
+        manifest = read_manifest(folder, resumable=False)
         try:
             client = reading_client(manifest["config"].get("tracking_uri") or "")
             status = client.get_run(manifest["run_id"]).info.status
         except Exception as err:  # a store moved or gone: still listed, with why
             status = f"its MLflow run cannot be read ({type(err).__name__})"
+        status = other_version(manifest) or status
         if status != "FINISHED":
             out.append((folder, status))
     return out
