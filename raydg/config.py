@@ -16,27 +16,25 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_type_hints
 
 import numpy as np
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
-from raydg.config_files import load_text
+from raydg.config_files import FILE_SCHEMA, load_text
+from raydg.config_types import (
+    STRICT,
+    Count,
+    LrSchedule,
+    NonNegative,
+    Optimizer,
+    Placement,
+    Positive,
+    Seed,
+    Text,
+    TrainTransform,
+    ValidateClients,
+    refusal,
+)
 from raydg.errors import RaydgError, cut, quoted
-from raydg.seeding import MAX_SEED, check_seed
-
-# The types of the config keys: what every value is checked against, strictly (no true for a
-# number, no 1.5 for an integer, no NaN), wherever it comes from (YAML, --set, --grid, Python).
-Count = Annotated[int, Field(gt=0)]
-Seed = Annotated[int, Field(ge=0, le=MAX_SEED, description="integers from 0 to 2**63 - 1, which "
-                            "numpy, torch and MLflow's tables all take")]
-Positive = Annotated[float, Field(gt=0)]
-NonNegative = Annotated[float, Field(ge=0)]
-Text = Annotated[str, Field(strict=False)]  # a number is its text: ``experiment: 2024``
-LrSchedule = Literal["constant", "cosine"]  # cosine: annealed over the rounds
-Optimizer = Literal["sgd", "adam"]
-Placement = Literal["pack", "spread"]
-TrainTransform = Literal["none", "flip", "flip-jitter", "crop-flip", "domainbed"]
-ValidateClients = Annotated[str, Field(strict=False, pattern=r"^(all|sampled|[1-9][0-9]*)$",
-                                       description="all, sampled or a positive number of clients")]
-STRICT = ConfigDict(strict=True, allow_inf_nan=False, coerce_numbers_to_str=True)
+from raydg.seeding import check_seed
 
 
 @dataclass
@@ -147,18 +145,7 @@ def _coerce(key: str, value: Any) -> Any:
     try:
         return _adapter(key).validate_python(value)
     except ValidationError as err:
-        first = err.errors()[0]
-        where, spec = key, _adapter(key).json_schema()
-        for part in first["loc"]:
-            if isinstance(part, int) or part.isdigit():  # an item of a list
-                where, spec = f"{where}[{part}]", spec.get("items", spec)
-            elif part != "[key]":  # a value of a mapping
-                where, spec = f"{where}.{part}", spec.get("additionalProperties", spec)
-        value = first["input"]
-        shown = {True: "true", False: "false", None: "null"}.get(value, quoted(value)) if (
-            value is None or isinstance(value, bool)) else quoted(value)
-        raise RaydgError(f"config key {quoted(where)} must be {expected(spec)}, not {shown}"
-                         ) from None
+        raise refusal(key, _adapter(key).json_schema(), err) from None
 
 
 def check(cfg: RunConfig) -> None:
@@ -166,31 +153,6 @@ def check(cfg: RunConfig) -> None:
     or out of its range, as :func:`apply` does."""
     for f in dataclasses.fields(cfg):
         _coerce(f.name, getattr(cfg, f.name))
-
-
-def expected(spec: dict[str, Any], many: bool = False) -> str:
-    """``an integer > 0 or null``: what a JSON Schema of one value allows, in words
-    (``many``: of several, ``integers > 0``)."""
-    if "anyOf" in spec:
-        return " or ".join(expected(s, many) for s in spec["anyOf"])
-    if "description" in spec:
-        return spec["description"]
-    if "enum" in spec or "const" in spec:
-        return "one of " + ", ".join(map(str, spec.get("enum", [spec.get("const")])))
-    if spec.get("type") == "array":
-        size = "a non-empty list" if spec.get("minItems") else "a list"
-        return f"{size} of {expected(spec.get('items', {}), many=True)}"
-    words = {"integer": "integer", "number": "finite number", "string": "string",
-             "object": "mapping"}
-    kind = spec.get("type", "")
-    if kind in words:
-        text = f"{words[kind]}s" if many else f"{'an' if kind == 'integer' else 'a'} {words[kind]}"
-    else:
-        text = {"boolean": "true or false", "null": "null"}.get(kind, "any value")
-    bounds = [f"{op} {spec[k]}" for k, op in (("minimum", ">="), ("exclusiveMinimum", ">"),
-                                               ("maximum", "<="), ("exclusiveMaximum", "<"))
-              if k in spec]
-    return " ".join([text, " and ".join(bounds)]).strip()
 
 
 def apply(cfg: RunConfig, values: dict[str, Any]) -> RunConfig:
@@ -378,20 +340,6 @@ def parse_search(grid: Any = None, random: Any = None) -> Search:
 
 
 FILE_SECTIONS = ("grid", "random", "paper")  # sections of a config file that are not keys
-FILE_SCHEMA = {  # the sections' and ``extends``'s JSON Schema (:func:`schema`)
-    "extends": {"type": "string", "description": "a config file to start from, relative to "
-                                                "this one"},
-    "grid": {"type": "object", "additionalProperties": {"type": "array", "minItems": 1},
-             "description": "every combination of these keys' values (a sweep)"},
-    "random": {"type": "object", "additionalProperties": False, "required": ["samples", "space"],
-               "properties": {"samples": {"type": "integer", "exclusiveMinimum": 0},
-                              "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
-                              "space": {"type": "object"}},
-               "description": "random draws: {samples, seed, space: {key: {distribution: "
-                              "[args]}}}"},
-    "paper": {"type": "object", "description": "the published numbers that raydg report "
-                                               "--paper prints beside the measured"},
-}
 
 
 def extend_search(search: Search, grid: dict[str, list[Any]], what: str) -> Search:

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from raydg.errors import RaydgError, cut, quoted
+from raydg.seeding import MAX_SEED
 
 MAX_YAML_BYTES = 2**20  # a config document: a file or a --set value
 MAX_YAML_VALUES = 100_000  # the values of a document, each alias counted as what it repeats
@@ -140,3 +141,19 @@ def load_yaml(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
         merged["method_options"] = {m: {**base["method_options"].get(m, {}), **o}
                                     for m, o in methods.items()}
     return merged
+
+
+FILE_SCHEMA = {  # the sections' and ``extends``'s JSON Schema (:func:`raydg.config.schema`)
+    "extends": {"type": "string", "description": "a config file to start from, relative to "
+                                                "this one"},
+    "grid": {"type": "object", "additionalProperties": {"type": "array", "minItems": 1},
+             "description": "every combination of these keys' values (a sweep)"},
+    "random": {"type": "object", "additionalProperties": False, "required": ["samples", "space"],
+               "properties": {"samples": {"type": "integer", "exclusiveMinimum": 0},
+                              "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+                              "space": {"type": "object"}},
+               "description": "random draws: {samples, seed, space: {key: {distribution: "
+                              "[args]}}}"},
+    "paper": {"type": "object", "description": "the published numbers that raydg report "
+                                               "--paper prints beside the measured"},
+}

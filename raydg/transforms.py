@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, get_args
 
-from raydg.config import TrainTransform
+from raydg.config_types import TrainTransform
 
 if TYPE_CHECKING:  # torch is imported where a transform runs: the CLI's help needs none of it
     from torch import Tensor

@@ -6,7 +6,7 @@ from typing import Any, get_args
 
 import click
 
-from raydg.config import LrSchedule, Placement, TrainTransform
+from raydg.config_types import LrSchedule, Placement, TrainTransform
 
 DATA_ROOT_ENV = "RAYDG_DATA_ROOT"  # as raydg.datasets, which the help need not import
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
