@@ -1,4 +1,5 @@
-"""Run configuration: plain data, read from YAML, ``--set key=value`` and ``--grid`` options.
+"""Run configuration: plain data, each key strictly typed (:mod:`raydg.config_types`), set by
+config files (:mod:`raydg.config_files`), ``--set key=value`` and ``--grid`` options.
 
 Fields left as ``None`` take the dataset's protocol defaults (:class:`raydg.datasets.TrainDefaults`)
 when the config is resolved by :mod:`raydg.resolve`, which also checks names against the registries;

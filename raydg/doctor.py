@@ -52,7 +52,11 @@ def facts() -> dict[str, str]:
 
 def _progress(out: Callable[[str], None]) -> Callable[[str], None]:
     """The run's progress lines, indented, without its tables and its temporary MLflow store."""
-    return lambda line: out(f"  {line}") if line.startswith(("raydg: ", "[")) else None
+    def say(line: str) -> None:
+        if line.startswith(("raydg: ", "[")):
+            out(f"  {line}")
+
+    return say
 
 
 def doctor(gpus: int, out: Callable[[str], None]) -> None:

@@ -357,11 +357,13 @@ def test_an_experiment_of_another_minor_version_is_one_line_naming_it(tmp_path, 
     path = tmp_path / "exp" / MANIFEST
     manifest = json.loads(path.read_text())
     assert manifest["raydg"] == __version__
-    for wrote, said in (("0.0.9", "0.0.9"), (None, "a version before 0.1.0")):
+    for wrote, reason in (
+            ("0.0.9", f"the experiment was written by raydg 0.0.9 and this is raydg "
+                      f"{__version__}: resume it with raydg 0.0.9, or run it again"),
+            (None, f"the experiment was written by a raydg before 0.1.0 and this is raydg "
+                   f"{__version__}: run it again")):
         path.write_text(json.dumps({**manifest, "raydg": wrote} if wrote else
                                    {k: v for k, v in manifest.items() if k != "raydg"}))
-        reason = (f"the experiment was written by raydg {said} and this is raydg "
-                  f"{__version__}: resume it with raydg {said}, or run it again")
         result = CliRunner().invoke(cli, ["resume", str(tmp_path / "exp")])
         assert result.exit_code == 2 and result.stderr.strip() == (
             f"raydg: error: {path}: {reason}"), result.output

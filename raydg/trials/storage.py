@@ -85,8 +85,11 @@ def read_manifest(directory: str, resumable: bool = True) -> dict[str, Any]:
 def other_version(manifest: dict[str, Any]) -> str | None:
     """Why this raydg cannot resume an experiment written by another minor version (its
     config, checkpoints and results may differ in form), or None."""
-    wrote = str(manifest.get("raydg", "a version before 0.1.0"))
-    if wrote.split(".")[:2] == __version__.split(".")[:2]:
+    wrote = manifest.get("raydg")
+    if wrote is None:  # a manifest of raydg's development before 0.1.0
+        return (f"the experiment was written by a raydg before 0.1.0 and this is raydg "
+                f"{__version__}: run it again")
+    if str(wrote).split(".")[:2] == __version__.split(".")[:2]:
         return None
     return (f"the experiment was written by raydg {wrote} and this is raydg {__version__}: "
             f"resume it with raydg {wrote}, or run it again")
