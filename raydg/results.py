@@ -81,6 +81,21 @@ class FederationResult:
             if selected.exists() else None, tables=tables, **summary)
 
 
+def round_summaries(history: list[dict[str, float]], modes: list[str]) -> dict[str, Any]:
+    """A federation's rounds, summed up per inference mode: the selected round (the best
+    source validation, the earliest of ties; the last round is always validated) and the
+    target accuracy there, at the last round, and at the oracle round (the best target
+    accuracy, the earliest of ties)."""
+    best = max((r for r in history if "val_acc" in r), key=lambda r: (r["val_acc"], -r["round"]))
+    acc = {m: f"target_acc/{m}" for m in modes}
+    return {"selected_round": int(best["round"]),
+            "selected": {m: best[k] for m, k in acc.items()},
+            "last": {m: history[-1][k] for m, k in acc.items()},
+            "oracle": {m: max(r[k] for r in history) for m, k in acc.items()},
+            "oracle_round": {m: int(max(history, key=lambda r, k=k: (r[k], -r["round"]))["round"])
+                             for m, k in acc.items()}}
+
+
 def timing_free(history: list[dict[str, float]]) -> list[dict[str, float]]:
     """History rows without the values that depend on time, load and placement
     (``round_seconds``, ``clients_moved``, ``time/*``): what equal runs must share."""

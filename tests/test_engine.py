@@ -20,7 +20,7 @@ from raydg.engine.simulation import Simulation
 from raydg.methods import Method, method_class
 from raydg.models import ModelSpec
 from raydg.partition import make_clients, plan_clients
-from raydg.results import steps_per_client, timing_free
+from raydg.results import round_summaries, steps_per_client, timing_free
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -349,3 +349,15 @@ def test_a_gpu_actor_asks_for_reproducible_kernels_unless_told_not_to(monkeypatc
     finally:
         torch.use_deterministic_algorithms(False)
     assert pick_device(0.0, deterministic) == torch.device("cpu")
+
+
+def test_round_summaries_select_by_validation_and_break_ties_by_the_earlier_round():
+    history = [  # round 3 validates no clients (validate_every): never selected
+        {"round": 1, "val_acc": 0.5, "target_acc/global": 0.30, "target_acc/local": 0.2},
+        {"round": 2, "val_acc": 0.7, "target_acc/global": 0.40, "target_acc/local": 0.6},
+        {"round": 3, "target_acc/global": 0.90, "target_acc/local": 0.6},
+        {"round": 4, "val_acc": 0.7, "target_acc/global": 0.35, "target_acc/local": 0.1}]
+    assert round_summaries(history, ["global", "local"]) == {
+        "selected_round": 2, "selected": {"global": 0.40, "local": 0.6},
+        "last": {"global": 0.35, "local": 0.1}, "oracle": {"global": 0.90, "local": 0.6},
+        "oracle_round": {"global": 3, "local": 2}}

@@ -37,7 +37,7 @@ from raydg.models import ModelSpec
 from raydg.partition import make_clients
 from raydg.plan import init_weights
 from raydg.resolve import row_label
-from raydg.results import FederationResult
+from raydg.results import FederationResult, round_summaries
 from raydg.saved_model import model_info
 
 CLIENT_ONLY = ("seconds", "local_val_acc", "steps")  # per-client metrics, not round means
@@ -383,9 +383,6 @@ class Simulation:
 
     def _result(self, history: list[dict[str, float]],
                 final: dict[str, float]) -> FederationResult:
-        best = max((r for r in history if "val_acc" in r),  # the last round always is
-                   key=lambda r: (r["val_acc"], -r["round"]))
-        modes = [f"target_acc/{m}" for m in self.method.eval_modes]
         tables = dict(self.tables)
         tables["ledger"] = self.ledger.rows
         tables["clients"] = [{"client": c, "domain": self.domains[c],
@@ -393,12 +390,7 @@ class Simulation:
         return FederationResult(
             method=self.label, target=self.config.target, seed=self.config.seed,
             history=history, selected_state=self._selected,
-            selected_round=int(best["round"]),
-            selected={m.split("/", 1)[1]: best[m] for m in modes},
-            last={m.split("/", 1)[1]: history[-1][m] for m in modes},
-            oracle={m.split("/", 1)[1]: max(r[m] for r in history) for m in modes},
-            oracle_round={m.split("/", 1)[1]: int(max(history, key=lambda r, m=m: (
-                r[m], -r["round"]))["round"]) for m in modes},
+            **round_summaries(history, self.method.eval_modes),
             global_state=self.global_state, tables=tables,
             plots=dict(self.method.plots), final=final, model=self.model_info,
         )
