@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from raydg import download
-from raydg.download import Archive, drive_url, extract, fetch, verify
+from raydg.archives import extract
+from raydg.download import Archive, drive_url, fetch, verify
 from raydg.errors import RaydgError
 
 DRIVE_FORM = """<!DOCTYPE html><html><head><title>Google Drive - Virus scan warning</title></head>

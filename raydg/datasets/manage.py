@@ -18,8 +18,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from raydg.archives import extract
 from raydg.datasets import DATASETS, DatasetSpec, LoadRequest, hub, missing_classes
-from raydg.download import extract, fetch
+from raydg.download import fetch
 from raydg.errors import RaydgError
 
 Log = Callable[[str], None]

@@ -16,13 +16,11 @@ as a :class:`TrackingError` (every result is in the experiment's Tune storage as
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import tempfile
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,6 +40,7 @@ from raydg.results import (
     steps_per_client,
     write_table,
 )
+from raydg.saved_model import log_model
 from raydg.tracking.store import quiet_mlflow, tracking_uri
 from raydg.version import installed_version
 
@@ -352,38 +351,9 @@ class Tracker:
                   for name, rows in {"history": result.history, **result.tables}.items()}
         self._call(lambda: self.log_tables(self.children[key], tables, plots=result.plots))
         models = {"final": result.global_state, "selected": result.selected_state}
-        self._call(lambda: self.log_models(self.children[key], models, result.model))
+        self._call(lambda: log_model(self.client, self.children[key], models, result.model,
+                                     VERSION["raydg.version"]))
         self.end_child(key, "FINISHED")
-
-    def log_models(self, run_id: str, models: dict[str, Any], info: dict[str, Any]) -> None:
-        """Model states (``<name>.npz``, no pickle) and what rebuilds the model
-        (``model.json``) as the artifacts of an MLflow model from code, ``model/``
-        (:mod:`raydg.mlflow_model`): ``mlflow.pyfunc.load_model("runs:/RUN/model")`` and
-        ``raydg.load_model(RUN)`` (:mod:`raydg.saved_model`) both load it."""
-        import mlflow
-        import numpy as np
-        from mlflow.models import ModelSignature
-        from mlflow.types import Schema, TensorSpec
-
-        import raydg.mlflow_model as code
-
-        with tempfile.TemporaryDirectory() as tmp:
-            files = {name: Path(tmp) / f"{name}.npz" for name, state in models.items()
-                     if state is not None}
-            for name, path in files.items():
-                np.savez(path, **models[name])
-            (Path(tmp) / "model.json").write_text(json.dumps(info, indent=1))
-            images = (-1, info["in_channels"], info["image_size"], info["image_size"])
-            signature = ModelSignature(Schema([TensorSpec(np.dtype("uint8"), images)]),
-                                       Schema([TensorSpec(np.dtype("int64"), (-1,))]))
-            with warnings.catch_warnings():  # MLflow's advice on input examples
-                warnings.filterwarnings("ignore", message=".*input example")
-                mlflow.pyfunc.save_model(
-                    Path(tmp) / "model", python_model=code.__file__, signature=signature,
-                    artifacts={"info": str(Path(tmp) / "model.json"),
-                               **{name: str(path) for name, path in files.items()}},
-                    pip_requirements=[f"raydg=={VERSION['raydg.version']}"])
-            self.client.log_artifacts(run_id, str(Path(tmp) / "model"), artifact_path="model")
 
     def end_child(self, key: str, status: str) -> None:
         self._call(lambda: self.client.set_terminated(self.children[key], status))
