@@ -26,7 +26,7 @@ from fidelity_protocols import (
     SEEDS,
 )
 
-from raydg.reporting.reproduction import read_rows
+from raydg.reporting.reproduction_rows import read_rows
 from raydg.reporting.rows import StoredRuns
 from raydg.reporting.runs import find_runs
 from raydg.results import (

@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from raydg.reporting import rows
-from raydg.reporting.reproduction import write_rows
+from raydg.reporting.reproduction_rows import write_rows
 from raydg.results import holm
 from tests.conftest import load_benchmark
 

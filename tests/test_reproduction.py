@@ -10,20 +10,9 @@ import numpy as np
 import pytest
 
 from raydg.errors import RaydgError
-from raydg.reporting.reproduction import (
-    Comparison,
-    Design,
-    Goal,
-    cells,
-    compare,
-    export_rows,
-    merge,
-    page,
-    read_rows,
-    to_run,
-    verdict,
-    write_rows,
-)
+from raydg.reporting.design import Comparison, Design, compare
+from raydg.reporting.reproduction import Goal, cells, page, to_run, verdict
+from raydg.reporting.reproduction_rows import export_rows, merge, read_rows, write_rows
 from raydg.reporting.runs import Run
 from tests.conftest import load_benchmark
 

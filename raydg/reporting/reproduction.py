@@ -1,9 +1,8 @@
 """A published table beside raydg's, from per-run rows kept in the repository.
 
-``export_rows`` reads the finished federations of an MLflow store that ran a paper config's
-protocol into per-run rows; ``write_rows``/``read_rows`` keep them as CSV (the file committed
-under ``docs/reproduction-rows/``); ``page`` turns rows and the config's ``paper`` section into
-a Markdown page. The page is a pure function of the rows and the config, so the committed page
+The rows (:mod:`raydg.reporting.reproduction_rows`: one per federation, committed as CSV under
+``docs/reproduction-rows/``) and the config's ``paper`` section become a Markdown page
+(``page``). The page is a pure function of the rows and the config, so the committed page
 can be checked against the committed rows. Like :mod:`raydg.reporting.report`, this module reads
 stored results only and imports no engine module.
 
@@ -11,27 +10,23 @@ Statistics: per (method, target), the mean over seeds and its standard error (as
 reports its own rows); ``Avg`` averages the six targets within each seed that has all of them,
 then over those seeds. A goal is judged only on the paper's full design (every target with each
 of the config's seeds; a row of another seed is shown in no judged cell); before that a row
-says how many federations it still lacks. A :class:`Design` fixed before its runs is a set of
-paired comparisons, each with its 95 % t-interval and its claim's verdict.
+says how many federations it still lacks. A design fixed before its runs
+(:mod:`raydg.reporting.design`) is shown as its paired comparisons.
 """
 
 from __future__ import annotations
 
-import csv
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from raydg.errors import RaydgError
+from raydg.reporting.design import Design, design_section
+from raydg.reporting.reproduction_rows import SELECTIONS
 from raydg.results import mean_std, whole_seeds
 
-SELECTIONS = ("oracle", "selected", "last")
-COMPOSED = ("method", "augment", "aggregation")  # the params that name a row's method
-COLUMNS = ("method", "variant", "target", "seed", "selected", "last", "oracle",
-           "selected_round", "steps_per_client", "options", "fingerprint", "machine", "wall_s")
 SELECTION_TEXT = {
     "oracle": "the round with the best target accuracy: an upper bound, not a result",
     "selected": "the round with the best mean source-validation accuracy (training-domain "
@@ -92,78 +87,6 @@ def _is_table(value: Any) -> bool:
     return isinstance(value, dict) and all(
         isinstance(row, dict) and all(isinstance(v, int | float) for v in row.values())
         for row in value.values())
-
-
-def protocol_mismatch(params: dict[str, str], expected: dict[str, str],
-                      unlogged: dict[str, str]) -> list[str]:
-    """The settings whose value a run's params do not have; a setting the run did not log
-    (an older raydg) counts as its value in ``unlogged``."""
-    return [k for k, v in expected.items() if params.get(k, unlogged.get(k)) != v]
-
-
-def composition(params: dict[str, str]) -> tuple[str | None, ...]:
-    """A run's (method, augment, aggregation) from its params (None where unset)."""
-    return tuple(None if params.get(k, "None") == "None" else params[k] for k in COMPOSED)
-
-
-def export_rows(runs: Sequence[Any], expected: Callable[[tuple[str | None, ...]], dict[str, str]],
-                fingerprints: dict[str, str], variant: dict[str, str] | None = None,
-                unlogged: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Rows of the finished runs (:class:`raydg.reporting.runs.Run`) that ran the protocol
-    (``expected(composition)``: every result-relevant param of the config resolved for the
-    run's method, augmentation and aggregation, their options included), with the fingerprint
-    of their images (by run id); a run that differs elsewhere is an error naming the settings.
-    ``variant``: the settings in which ``expected`` changes the paper's protocol (an ablation,
-    or a model that a method needs), the label of the rows."""
-    rows = []
-    for r in runs:
-        if r.status != "FINISHED":
-            continue
-        bad = protocol_mismatch(r.params, expected(composition(r.params)), unlogged or {})
-        if bad:
-            raise RaydgError(f"run {r.run_id} ({r.method} {r.target} seed {r.seed}) differs from "
-                             f"the config in {bad[:3]}: keep it out (--experiment), or name "
-                             "the change as a variant")
-        rows.append({
-            "method": r.method, "variant": " ".join(f"{k}={v}" for k, v in (variant or {}).items()),
-            "target": r.target, "seed": r.seed,
-            **{s: round(r.accuracy(s), 4) for s in SELECTIONS},
-            "selected_round": int(r.metrics["selected_round"]),
-            "steps_per_client": int(r.metrics["steps_per_client"]),
-            "options": " ".join(f"{k[8:]}={v}" for k, v in r.options()),
-            "fingerprint": fingerprints.get(r.run_id, ""),
-            "machine": r.machine, "wall_s": "" if np.isnan(r.wall_s) else round(r.wall_s),
-        })
-    return rows
-
-
-def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``old`` plus the rows of ``new`` whose (method, variant, target, seed) it lacks,
-    sorted."""
-    key = lambda r: (r["method"], r["variant"], r["target"], int(r["seed"]))  # noqa: E731
-    have = {key(r) for r in old}
-    return sorted(old + [r for r in new if key(r) not in have], key=key)
-
-
-def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    for r in rows:
-        r.setdefault("machine", "")  # a rows file from before the machine and wall columns
-        r["wall_s"] = int(r["wall_s"]) if r.get("wall_s") else ""
-        for key in ("seed", "selected_round", "steps_per_client"):
-            r[key] = int(r[key])
-        for s in SELECTIONS:
-            r[s] = float(r[s])
-    return rows
 
 
 def cells(rows: list[dict[str, Any]], method: str, targets: Sequence[str], selection: str,
@@ -416,98 +339,6 @@ def _fingerprints(rows: list[dict[str, Any]]) -> str:
                      for fp, d in sorted(data.items()))
 
 
-@dataclass(frozen=True)
-class Comparison:
-    """``method`` (rows of ``variant``) against ``baseline`` (rows of ``baseline_variant``),
-    paired over seeds on the mean of the design's targets; ``relation`` ``>=`` or ``=``:
-    what ``source`` claims."""
-
-    method: str
-    variant: str
-    baseline: str
-    baseline_variant: str
-    relation: str
-    source: str
-
-
-@dataclass(frozen=True)
-class Design:
-    """A design fixed before its runs: its comparisons on ``targets`` and ``seeds``, under a
-    title and a text saying what it is."""
-
-    title: str
-    text: str
-    targets: tuple[str, ...]
-    seeds: tuple[int, ...]
-    comparisons: tuple[Comparison, ...]
-
-
-def _seed_means(rows: list[dict[str, Any]], method: str, variant: str,
-                targets: Sequence[str], seeds: Sequence[int], selection: str
-                ) -> dict[int, float]:
-    """The mean over ``targets`` of each seed in ``seeds`` that has them all."""
-    mine = [r for r in rows if r["method"] == method and r["variant"] == variant
-            and r["seed"] in seeds]
-    return {s: float(np.mean([v[t] for t in targets]))
-            for s, v in whole_seeds(mine, selection, targets).items()}
-
-
-def compare(rows: list[dict[str, Any]], c: Comparison, targets: Sequence[str],
-            seeds: Sequence[int], selection: str) -> dict[str, Any]:
-    """``c``'s paired difference over the seeds both sides have: mean, 95 % t-interval half
-    width, the two sides' means, the seeds, and a verdict (a ``>=`` claim holds when the
-    interval is above 0 and is reversed below it; an ``=`` claim is consistent when it holds 0)."""
-    from scipy import stats
-
-    a = _seed_means(rows, c.method, c.variant, targets, seeds, selection)
-    b = _seed_means(rows, c.baseline, c.baseline_variant, targets, seeds, selection)
-    both = sorted(set(a) & set(b))
-    out: dict[str, Any] = {"seeds": both, "method": np.mean([a[s] for s in both]) if both
-                           else np.nan, "baseline": np.mean([b[s] for s in both]) if both
-                           else np.nan}
-    if len(both) < 2:
-        return {**out, "mean": np.nan, "half": np.nan, "verdict": f"waits ({len(a)} and "
-                f"{len(b)} of {len(seeds)} seeds)"}
-    d = np.array([a[s] - b[s] for s in both])
-    half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
-    low, high = d.mean() - half, d.mean() + half
-    if c.relation == "=":
-        verdict = "consistent" if low <= 0 <= high else "does not hold"
-    else:
-        verdict = "holds" if low > 0 else "reversed" if high < 0 else "not significant"
-    return {**out, "mean": float(d.mean()), "half": half, "verdict": verdict}
-
-
-def design_section(rows: list[dict[str, Any]], design: Design) -> list[str]:
-    """``design``'s comparisons at the selected round (training-domain validation), then the
-    oracle round: each a paired difference with its 95 % t-interval and the claim's verdict."""
-    lines = [f"## {design.title}", "", design.text, ""]
-    columns = "| row | vs | seeds | row's mean | its baseline's | paired difference [95 % CI] " \
-              "| claim | verdict |"
-    for selection in ("selected", "oracle"):
-        lines += [f"{selection.capitalize()} round, {SELECTION_TEXT[selection]}; each seed's "
-                  f"mean of {', '.join(design.targets)}:", "", columns,
-                  "|---|---|---|---|---|---|---|---|"]
-        for c in design.comparisons:
-            got = compare(rows, c, design.targets, design.seeds, selection)
-            diff = "—" if np.isnan(got["mean"]) else \
-                f"{got['mean']:+.2f} [{got['mean'] - got['half']:+.2f}, " \
-                f"{got['mean'] + got['half']:+.2f}]"
-            means = [f"{got[k]:.2f}" if got["seeds"] else "—" for k in ("method", "baseline")]
-            lines.append(f"| {_label(c.method, c.variant)} | "
-                         f"{_label(c.baseline, c.baseline_variant)} | "
-                         f"{', '.join(map(str, got['seeds'])) or '—'} | {means[0]} | "
-                         f"{means[1]} | {diff} | {c.method} {c.relation} {c.baseline} "
-                         f"({c.source}) | {got['verdict']} |")
-        lines.append("")
-    return lines
-
-
-def _label(method: str, variant: str) -> str:
-    """``fedbn (model=mnist-cnn-bn)``: round brackets, which Markdown leaves alone."""
-    return method + (f" ({variant})" if variant else "")
-
-
 def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
          goals: dict[str, Goal], seeds: Sequence[int], source: str, command: str,
          protocol: str, designs: Sequence[Design] = ()) -> str:
@@ -558,7 +389,7 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
                   "[fidelity.md](fidelity.md), its real-data regime, against FedAvg"
                   + (", and the designs below" if designs else "") + "."]
     for design in designs:
-        lines += ["", *design_section(rows, design)]
+        lines += ["", *design_section(rows, design, SELECTION_TEXT)]
     variants = [(m, v) for m, v in pairs if v and m in paper["accuracy"]]
     if variants:
         lines += ["", *ablations_section(judged, variants, targets, names)]

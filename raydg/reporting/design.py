@@ -1,0 +1,109 @@
+"""A design fixed before its runs: paired comparisons of rows (``method`` against a baseline
+over the seeds both have, on the mean of the design's targets), each with its 95 %
+t-interval and the verdict on the claim it tests. Reads rows only, as
+:mod:`raydg.reporting.reproduction`, which shows designs on its page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from raydg.results import whole_seeds
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """``method`` (rows of ``variant``) against ``baseline`` (rows of ``baseline_variant``),
+    paired over seeds on the mean of the design's targets; ``relation`` ``>=`` or ``=``:
+    what ``source`` claims."""
+
+    method: str
+    variant: str
+    baseline: str
+    baseline_variant: str
+    relation: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Design:
+    """A design fixed before its runs: its comparisons on ``targets`` and ``seeds``, under a
+    title and a text saying what it is."""
+
+    title: str
+    text: str
+    targets: tuple[str, ...]
+    seeds: tuple[int, ...]
+    comparisons: tuple[Comparison, ...]
+
+
+def _seed_means(rows: list[dict[str, Any]], method: str, variant: str,
+                targets: Sequence[str], seeds: Sequence[int], selection: str
+                ) -> dict[int, float]:
+    """The mean over ``targets`` of each seed in ``seeds`` that has them all."""
+    mine = [r for r in rows if r["method"] == method and r["variant"] == variant
+            and r["seed"] in seeds]
+    return {s: float(np.mean([v[t] for t in targets]))
+            for s, v in whole_seeds(mine, selection, targets).items()}
+
+
+def compare(rows: list[dict[str, Any]], c: Comparison, targets: Sequence[str],
+            seeds: Sequence[int], selection: str) -> dict[str, Any]:
+    """``c``'s paired difference over the seeds both sides have: mean, 95 % t-interval half
+    width, the two sides' means, the seeds, and a verdict (a ``>=`` claim holds when the
+    interval is above 0 and is reversed below it; an ``=`` claim is consistent when it holds 0)."""
+    from scipy import stats
+
+    a = _seed_means(rows, c.method, c.variant, targets, seeds, selection)
+    b = _seed_means(rows, c.baseline, c.baseline_variant, targets, seeds, selection)
+    both = sorted(set(a) & set(b))
+    out: dict[str, Any] = {"seeds": both, "method": np.mean([a[s] for s in both]) if both
+                           else np.nan, "baseline": np.mean([b[s] for s in both]) if both
+                           else np.nan}
+    if len(both) < 2:
+        return {**out, "mean": np.nan, "half": np.nan, "verdict": f"waits ({len(a)} and "
+                f"{len(b)} of {len(seeds)} seeds)"}
+    d = np.array([a[s] - b[s] for s in both])
+    half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
+    low, high = d.mean() - half, d.mean() + half
+    if c.relation == "=":
+        verdict = "consistent" if low <= 0 <= high else "does not hold"
+    else:
+        verdict = "holds" if low > 0 else "reversed" if high < 0 else "not significant"
+    return {**out, "mean": float(d.mean()), "half": half, "verdict": verdict}
+
+
+def design_section(rows: list[dict[str, Any]], design: Design, texts: dict[str, str]
+                   ) -> list[str]:
+    """``design``'s comparisons at the selected round (training-domain validation), then the
+    oracle round (each said as ``texts`` has it): each a paired difference with its 95 %
+    t-interval and the claim's verdict."""
+    lines = [f"## {design.title}", "", design.text, ""]
+    columns = "| row | vs | seeds | row's mean | its baseline's | paired difference [95 % CI] " \
+              "| claim | verdict |"
+    for selection in ("selected", "oracle"):
+        lines += [f"{selection.capitalize()} round, {texts[selection]}; each seed's "
+                  f"mean of {', '.join(design.targets)}:", "", columns,
+                  "|---|---|---|---|---|---|---|---|"]
+        for c in design.comparisons:
+            got = compare(rows, c, design.targets, design.seeds, selection)
+            diff = "—" if np.isnan(got["mean"]) else \
+                f"{got['mean']:+.2f} [{got['mean'] - got['half']:+.2f}, " \
+                f"{got['mean'] + got['half']:+.2f}]"
+            means = [f"{got[k]:.2f}" if got["seeds"] else "—" for k in ("method", "baseline")]
+            lines.append(f"| {_label(c.method, c.variant)} | "
+                         f"{_label(c.baseline, c.baseline_variant)} | "
+                         f"{', '.join(map(str, got['seeds'])) or '—'} | {means[0]} | "
+                         f"{means[1]} | {diff} | {c.method} {c.relation} {c.baseline} "
+                         f"({c.source}) | {got['verdict']} |")
+        lines.append("")
+    return lines
+
+
+def _label(method: str, variant: str) -> str:
+    """``fedbn (model=mnist-cnn-bn)``: round brackets, which Markdown leaves alone."""
+    return method + (f" ({variant})" if variant else "")
