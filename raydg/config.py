@@ -133,8 +133,9 @@ def _adapter(key: str) -> TypeAdapter:
 def schema() -> dict[str, Any]:
     """The JSON Schema of a config file (``raydg schema``; ``docs/config.schema.json``, for
     editors): every key's type and default, and the file's own sections."""
-    keys = {f.name: {**_adapter(f.name).json_schema(), "default": getattr(RunConfig(), f.name)}
-            for f in dataclasses.fields(RunConfig)}
+    defaults = RunConfig()
+    keys = {f.name: {**_adapter(f.name).json_schema(), "default": getattr(defaults, f.name)}
+            for f in dataclasses.fields(defaults)}
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             "title": "raydg config file", "type": "object", "additionalProperties": False,
             "properties": {**keys, **FILE_SCHEMA}}

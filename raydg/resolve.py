@@ -89,10 +89,14 @@ def _filled(cfg: RunConfig) -> RunConfig:
     options = _method_options(cfg, spec.method_options)
     cls.parse_options(options)
     cfg = dataclasses.replace(cfg, options=options)
-    storage = cfg.storage or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
-    if "://" not in storage:
-        storage = str(Path(storage).expanduser().resolve())
-    return dataclasses.replace(cfg, storage=storage)
+    return dataclasses.replace(cfg, storage=storage_location(cfg.storage))
+
+
+def storage_location(storage: str | None) -> str:
+    """Where trials' results go: ``storage``, else ``$RAYDG_STORAGE``, else ./raydg-results;
+    a folder as an absolute path, a URI as it is."""
+    storage = storage or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
+    return storage if "://" in storage else str(Path(storage).expanduser().resolve())
 
 
 def _check(ok: bool, message: str) -> None:

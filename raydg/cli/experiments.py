@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
@@ -92,12 +91,12 @@ def resume(target: str | None, tracking_uri: str | None, quiet: bool) -> None:
 def _list_unfinished() -> None:
     """``raydg resume`` alone: the unfinished experiments, newest first, each with its
     command."""
-    from raydg.resolve import DEFAULT_STORAGE, STORAGE_ENV
+    from raydg.resolve import STORAGE_ENV, storage_location
     from raydg.signals import command
     from raydg.trials.storage import unfinished
 
-    storage = os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
-    found = unfinished(storage if "://" in storage else os.path.abspath(storage))
+    storage = storage_location(None)
+    found = unfinished(storage)
     if not found:
         raise EmptyResult(f"no unfinished experiment under {storage} (--storage of the run, or "
                           f"{STORAGE_ENV}): name its folder or MLflow run id")

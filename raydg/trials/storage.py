@@ -101,8 +101,6 @@ def unfinished(storage: str) -> list[tuple[str, str]]:
     was killed, or why it could not be read); finished ones are left out."""
     import pyarrow.fs as pafs
 
-    from raydg.tracking.store import reading_client
-
     fs, path = _filesystem(storage)
     folders = [i for i in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
                if i.type == pafs.FileType.Directory
@@ -111,15 +109,22 @@ def unfinished(storage: str) -> list[tuple[str, str]]:
     for info in sorted(folders, key=lambda i: i.mtime_ns or 0, reverse=True):
         folder = info.path if "://" not in storage else f"{storage.rstrip('/')}/{info.base_name}"
         manifest = read_manifest(folder, resumable=False)
-        try:
-            client = reading_client(manifest["config"].get("tracking_uri") or "")
-            status = client.get_run(manifest["run_id"]).info.status
-        except Exception as err:  # a store moved or gone: still listed, with why
-            status = f"its MLflow run cannot be read ({type(err).__name__})"
-        status = other_version(manifest) or status
+        status = other_version(manifest) or _run_status(manifest)
         if status != "FINISHED":
             out.append((folder, status))
     return out
+
+
+def _run_status(manifest: dict[str, Any]) -> str:
+    """The status of an experiment's MLflow parent run, or why it cannot be read (a store
+    moved or gone: the experiment is still listed, with why)."""
+    from raydg.tracking.store import reading_client
+
+    try:
+        client = reading_client(manifest["config"].get("tracking_uri") or "")
+        return client.get_run(manifest["run_id"]).info.status
+    except Exception as err:
+        return f"its MLflow run cannot be read ({type(err).__name__})"
 
 
 def verify_checkpoints(directory: str, feds: list[Federation]) -> None:
