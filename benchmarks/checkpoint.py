@@ -34,9 +34,9 @@ import numpy as np
 import ray
 
 from raydg import checkpoint
+from raydg.api import simulation
 from raydg.config import RunConfig
 from raydg.datasets import load_dataset
-from raydg.engine.simulation import Simulation
 from raydg.resolve import resolve
 from raydg.trials.trial import Cadence
 
@@ -48,7 +48,7 @@ OPTIONS = {"fedfd-a": {"cafl_reduction": "mean"}}
 def run(cfg: RunConfig, data, with_checkpoints: bool) -> tuple[list[float], list[float],
                                                                  list[int], dict]:
     """Round seconds, checkpoint seconds, checkpoint bytes, final weights."""
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+    sim = simulation(cfg, data, log=lambda _: None)
     seconds: list[float] = []
     sizes: list[int] = []
 

@@ -42,9 +42,9 @@ import psutil
 import ray
 
 from raydg import state as st
+from raydg.api import simulation
 from raydg.config import RunConfig
 from raydg.datasets import MultiDomainDataset, load_dataset
-from raydg.engine.simulation import Simulation
 from raydg.resolve import resolve
 
 PHASES = ("train", "busy", "idle", "aggregate", "validate", "evaluate", "wait")
@@ -69,7 +69,7 @@ def gpu_memory_mb() -> tuple[dict[int, float], float]:
 def run(cfg: RunConfig, data: MultiDomainDataset, per_gpu: int, gpus: float) -> dict[str, Any]:
     """One federation with ``per_gpu`` actors at ``gpus / per_gpu`` GPU each (CPU if 0)."""
     cfg = dataclasses.replace(cfg, actors=per_gpu, gpus_per_actor=gpus / per_gpu)
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda s: print("    " + s))
+    sim = simulation(cfg, data, log=lambda s: print("    " + s))
     memory: dict[str, Any] = {}
 
     def on_round(row: dict[str, float]) -> None:

@@ -54,10 +54,10 @@ import torch
 
 from raydg import seeding
 from raydg import state as st
+from raydg.api import simulation
 from raydg.config import RunConfig, clients_per_round
 from raydg.datasets import MultiDomainDataset, load_dataset
 from raydg.engine.client import ClientHost, Evaluator, RuntimeSpec
-from raydg.engine.simulation import Simulation
 from raydg.methods import METHODS
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
@@ -177,7 +177,7 @@ def run_raydg(cfg: RunConfig, data: MultiDomainDataset, actors: int) -> Run:
     wait_for_cpus(ray.cluster_resources().get("CPU", 0))
     cfg = dataclasses.replace(cfg, actors=actors)
     t0 = time.perf_counter()
-    sim = Simulation(cfg, data, cfg.target, cfg.seed,
+    sim = simulation(cfg, data,
                      log=lambda s: print("    " + s.replace("\n", "\n    ")))
     built = time.perf_counter() - t0
     stamps: list[tuple[float, float]] = []  # (time, busy CPU s) as each round is reported

@@ -30,9 +30,9 @@ from typing import Any
 import psutil
 import ray
 
+from raydg.api import simulation
 from raydg.config import RunConfig
 from raydg.datasets import load_dataset
-from raydg.engine.simulation import Simulation
 from raydg.resolve import resolve
 
 
@@ -43,7 +43,7 @@ def run(n: int, rounds: int, data) -> dict[str, Any]:
                             validate_clients="sampled", rounds=rounds, actors=2))
     memory: dict[str, float] = {}
     start = time.perf_counter()
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+    sim = simulation(cfg, data, log=lambda _: None)
 
     def on_round(row: dict[str, float]) -> None:
         if row["round"] < rounds:

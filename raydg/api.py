@@ -36,7 +36,12 @@ from raydg.config_files import load_yaml
 from raydg.errors import RaydgError
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
+    from raydg.datasets import MultiDomainDataset
+    from raydg.engine.simulation import Simulation
     from raydg.experiment import ExperimentResult
+    from raydg.methods import Method
 
 
 @dataclass(frozen=True)
@@ -90,7 +95,8 @@ def resume(target: str | Path, *, tracking_uri: str | None = None,
     if the store has moved. Finished federations are kept, the others continue from their last
     checkpoints, into the same MLflow run; the results are the whole experiment's. ``out`` and
     ``progress`` as for :func:`run`."""
-    from raydg.experiment import resume_target, run_experiment
+    from raydg.experiment import run_experiment
+    from raydg.trials.storage import resume_target
 
     folder = resume_target(str(target), tracking_uri)
     return _results(run_experiment(RunConfig(tracking_uri=tracking_uri),
@@ -98,9 +104,29 @@ def resume(target: str | Path, *, tracking_uri: str | None = None,
                                    resume=folder))
 
 
+def simulation(cfg: RunConfig, data: MultiDomainDataset, target: str | None = None,
+               seed: int | None = None, *, method: Method | None = None,
+               log: Callable[[str], None] = print, weights: dict[str, Tensor] | None = None,
+               restore: dict[str, Any] | None = None) -> Simulation:
+    """One federation of ``cfg`` on ``data`` (its ``target`` and first seed unless given), on
+    the Ray of this process, without Tune or MLflow: planned as ``run`` plans each
+    (:func:`raydg.planning.federation`), ready to ``.run()`` or to drive round by round (a
+    notebook's, a test's, a benchmark's). ``method``: an instance to run instead of
+    ``cfg.method`` (one not registered); ``weights``, ``restore``: as
+    :class:`~raydg.engine.simulation.Simulation` takes them."""
+    from raydg.engine.simulation import Simulation
+    from raydg.methods import build
+    from raydg.planning import federation
+
+    fed = federation(cfg, target, seed, method)
+    spec = fed.config
+    method = method or build(spec.method, spec.augment, spec.aggregation, spec.options)
+    return Simulation(fed, data, method, log=log, weights=weights, restore=restore)
+
+
 def _results(result: ExperimentResult) -> Results:
     """The :class:`Results` of an experiment's result."""
-    return Results(result.run_id, result.config.tracking_uri, result.config,
+    return Results(result.run_id, result.plan.runtime.tracking_uri, result.config,
                    _table(rows(result.runs)), _table(result.summary), result.printed)
 
 

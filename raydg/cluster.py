@@ -34,7 +34,6 @@ from typing import Any
 import ray
 
 from raydg import plugins, reaper
-from raydg.config import RunConfig
 from raydg.errors import RaydgError
 from raydg.signals import stop_on_sigterm
 
@@ -69,13 +68,6 @@ def lean(fresh: bool = True, dashboard: bool = False) -> Iterator[None]:
         yield
     finally:
         node.Node.__init__, node.Node.start_api_server = init, api_server
-
-
-def cluster_address(cfg: RunConfig) -> str | None:
-    """The Ray cluster to join: ``cfg.address``, else ``RAY_ADDRESS``; None for a fresh local
-    Ray (``local`` asks for one even inside a Ray job, where ``RAY_ADDRESS`` is set)."""
-    address = cfg.address or os.environ.get("RAY_ADDRESS")
-    return None if address == "local" else address
 
 
 def check_reachable(address: str) -> None:
@@ -160,18 +152,17 @@ def _outside_job(fresh: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None,
-                say: Callable[[str], None] = print
+def ray_session(address: str | None, dashboard: bool = False,
+                shipped: list[plugins.Plugin] | None = None, say: Callable[[str], None] = print
                 ) -> Iterator[tuple[bool, list[Callable[[], None]]]]:
-    """Use the running Ray session, join ``cfg.address`` (or ``RAY_ADDRESS``; ``auto``: the
-    cluster that ``ray start`` started last on this machine), or start a local Ray (and finally
-    stop what was started or joined). Yields whether no cluster was named, i.e. whether the Ray
-    in use is this machine's own, and the list of what records a stop the moment SIGTERM
-    arrives (:func:`raydg.signals.stop_on_sigterm`). The ``shipped`` plugins go to every
-    worker; those from files need a Ray that raydg starts or joins. A local Ray runs only the
-    processes raydg uses (:func:`lean`), or with ``cfg.dashboard`` all of
-    Ray's and its dashboard, whose address goes to ``say``."""
-    address = cluster_address(cfg)
+    """Use the running Ray session, join the cluster at ``address`` (``auto``: the one that
+    ``ray start`` started last on this machine; :func:`raydg.plan.runtime` finds it), or,
+    with none, start a local Ray (and finally stop what was started or joined). Yields whether
+    no cluster was named, i.e. whether the Ray in use is this machine's own, and the list of
+    what records a stop the moment SIGTERM arrives (:func:`raydg.signals.stop_on_sigterm`).
+    The ``shipped`` plugins go to every worker; those from files need a Ray that raydg starts
+    or joins. A local Ray runs only the processes raydg uses (:func:`lean`), or with
+    ``dashboard`` all of Ray's and its dashboard, whose address goes to ``say``."""
     check_cluster(address)
     if ray.is_initialized():
         if any(p.file for p in shipped or ()):
@@ -181,7 +172,7 @@ def ray_session(cfg: RunConfig, shipped: list[plugins.Plugin] | None = None,
         yield address is None, []
         return
     try:  # "local": a fresh Ray, never a stale one that `ray start` left in /tmp/ray
-        dashboard = address is None and cfg.dashboard
+        dashboard = address is None and dashboard
         with _outside_job(address is None), lean(address is None, dashboard):
             context = ray.init(address=address or "local", include_dashboard=dashboard,
                                logging_level="ERROR", log_to_driver=False,  # Ray's log files

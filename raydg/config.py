@@ -32,10 +32,10 @@ from raydg.config_types import (
     Text,
     TrainTransform,
     ValidateClients,
+    checked,
     refusal,
 )
 from raydg.errors import RaydgError, cut, quoted
-from raydg.seeding import check_seed
 
 
 @dataclass
@@ -324,12 +324,9 @@ def parse_search(grid: Any = None, random: Any = None) -> Search:
     if not isinstance(random, dict) or set(random) - {"samples", "seed", "space"}:
         raise RaydgError("'random' takes the keys samples, seed and space, got "
                          f"{quoted(random)}")
-    samples, seed, space = random.get("samples"), random.get("seed", 0), random.get("space")
-    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 1:
-        raise RaydgError(f"random.samples must be a positive integer, got {quoted(samples)}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise RaydgError(f"random.seed must be an integer, got {quoted(seed)}")
-    check_seed(seed, "random.seed")
+    samples = checked("random.samples", Count, random.get("samples"), "search key")
+    seed = checked("random.seed", Seed, random.get("seed", 0), "search key")
+    space = random.get("space")
     if not isinstance(space, dict) or not space:
         raise RaydgError("random.space must map config keys to distributions, e.g. "
                          "{lr: {loguniform: [0.001, 0.1]}}")

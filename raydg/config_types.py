@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
 from raydg.errors import RaydgError, quoted
 from raydg.seeding import MAX_SEED
@@ -29,9 +29,21 @@ ValidateClients = Annotated[str, Field(strict=False, pattern=r"^(all|sampled|[1-
 STRICT = ConfigDict(strict=True, allow_inf_nan=False, coerce_numbers_to_str=True)
 
 
-def refusal(key: str, spec: dict[str, Any], err: ValidationError) -> RaydgError:
-    """The error for config key ``key`` (JSON Schema ``spec``) that pydantic refused: the first
-    place it names (``seeds[0]``, ``method_options.csac``), what that place takes, the value."""
+def checked(where: str, kind: Any, value: Any, what: str = "config key") -> Any:
+    """``value`` checked against the type ``kind`` (:data:`STRICT`), refused as
+    :func:`refusal` says (``where``: the key, ``what`` it is)."""
+    adapter = TypeAdapter(kind, config=STRICT)
+    try:
+        return adapter.validate_python(value)
+    except ValidationError as err:
+        raise refusal(where, adapter.json_schema(), err, what) from None
+
+
+def refusal(key: str, spec: dict[str, Any], err: ValidationError, what: str = "config key"
+            ) -> RaydgError:
+    """The error for config key ``key`` (JSON Schema ``spec``; ``what`` it is, if not a config
+    key) that pydantic refused: the first place it names (``seeds[0]``,
+    ``method_options.csac``), what that place takes, the value."""
     first = err.errors()[0]
     where = key
     for part in first["loc"]:
@@ -41,7 +53,7 @@ def refusal(key: str, spec: dict[str, Any], err: ValidationError) -> RaydgError:
             where, spec = f"{where}.{part}", spec.get("additionalProperties", spec)
     value = first["input"]
     shown = json.dumps(value) if value is None or isinstance(value, bool) else quoted(value)
-    return RaydgError(f"config key {quoted(where)} must be {expected(spec)}, not {shown}")
+    return RaydgError(f"{what} {quoted(where)} must be {expected(spec)}, not {shown}")
 
 
 def expected(spec: dict[str, Any], many: bool = False) -> str:

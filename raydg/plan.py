@@ -1,51 +1,76 @@
-"""An experiment's plan: its federations, each a resolved config, and the checks of a plan
-against its data; plain data, no torch (the process that runs an experiment holds no model).
+"""An experiment's plan: where it runs (:class:`Runtime`), its federations, each a frozen spec
+that the engine runs as it is, and the checks of a plan against its data; plain data, no torch
+(the process that runs an experiment holds no model).
 
 A *federation* is one held-out target domain x one seed x one setting of the searched keys; each
-becomes one Ray Tune trial (:mod:`raydg.trials`). The planning step that makes a plan resolves
-names against the registries: :mod:`raydg.resolve`.
+becomes one Ray Tune trial (:mod:`raydg.trials`). The planning step that makes a plan
+(:mod:`raydg.planning`) resolves names against the registries. Every value derived from the
+config is computed there, once, and read from the plan afterwards.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from raydg.config import RunConfig, Search, setting_label
-from raydg.datasets import DATASETS, MultiDomainDataset
+from raydg.datasets import MultiDomainDataset
+from raydg.datasets.cache import cache_root
 from raydg.partition import plan_clients
 from raydg.plugins import Plugin
+from raydg.tracking.store import tracking_uri
 
 IMAGENET = "imagenet"  # torchvision's ImageNet weights (raydg.models)
 GLYPHS = "glyphs"  # the named pretraining of raydg.pretrain
 MIN_VALIDATION = 5  # a client's validation images below which selection is a coin toss
 LARGE_POPULATION = 1000  # clients beyond which validating all of them each round dominates
+STORAGE_ENV = "RAYDG_STORAGE"
+DEFAULT_STORAGE = "raydg-results"
 
 
-def init_weights(cfg: RunConfig) -> str | None:
-    """What the initial global model's backbone starts from: None (random), ``imagenet``, the
-    named pretraining ``glyphs`` (:mod:`raydg.pretrain`) or a state-dict file."""
-    if not cfg.pretrained:
-        return None
-    return cfg.weights or IMAGENET
+def storage_location(storage: str | None) -> str:
+    """Where trials' results go: ``storage``, else ``$RAYDG_STORAGE``, else ./raydg-results;
+    a folder as an absolute path, a URI as it is."""
+    storage = storage or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
+    return storage if "://" in storage else str(Path(storage).expanduser().resolve())
 
 
-def targets(cfg: RunConfig) -> list[str]:
-    spec = DATASETS.get(cfg.dataset)
-    return list(spec.domains) if cfg.target == "all" else [cfg.target]
+@dataclass(frozen=True)
+class Runtime:
+    """Where an experiment runs and what it writes to, as :func:`runtime` found them once."""
+
+    tracking_uri: str  # the MLflow store (raydg.tracking.store.tracking_uri)
+    address: str | None  # the Ray cluster to join; None: a fresh local Ray
+    dashboard: bool  # a local Ray with its dashboard
+    storage: str  # trials' results: an absolute folder or a URI
+    cache: str  # decoded images and pretrained backbones
+    cache_images: bool  # whether image files are decoded once into ``cache``
+
+
+def runtime(cfg: RunConfig) -> Runtime:
+    """``cfg``'s runtime: each setting, else its environment variable, else its default
+    (``address``: ``RAY_ADDRESS``; ``local`` asks for a fresh Ray even inside a Ray job)."""
+    address = cfg.address or os.environ.get("RAY_ADDRESS")
+    storage = storage_location(cfg.storage)
+    return Runtime(tracking_uri(cfg), None if address == "local" else address, cfg.dashboard,
+                   storage, str(cache_root(cfg.cache_dir)), cfg.cache)
 
 
 @dataclass(frozen=True)
 class Federation:
-    """One Tune trial: a resolved config with one target and one seed, and its search setting."""
+    """One Tune trial, as the engine runs it: a resolved config with one target and one seed,
+    its search setting, and what the planning step derived from them."""
 
     config: RunConfig
     setting: dict[str, Any]
-    label: str  # the method as reported (:func:`raydg.resolve.method_label`)
+    label: str  # the method as reported (:func:`raydg.labels.method_label`)
     not_paper: str  # every option off the paper's, searched ones included (the tag
     # ``raydg.not_paper``: a report names them even where a sweep holds them the same for all)
-    row: str  # how its table rows name the method (:func:`raydg.resolve.row_label`)
+    row: str  # how its table rows name the method (:func:`raydg.labels.row_label`)
+    init: str | None  # what its backbone starts from (:func:`raydg.planning.init_weights`)
 
     @property
     def target(self) -> str:
@@ -60,6 +85,22 @@ class Federation:
         """A unique, path-safe name: ``sketch-s0`` or ``sketch-s0-lr=0.02``."""
         label = setting_label(self.setting).replace(" ", "-").replace("/", "_")
         return "-".join(p for p in (self.target, f"s{self.seed}", label) if p)
+
+    def to_trial(self) -> dict[str, Any]:
+        """As a Tune trial's config holds it: plain data (Tune keeps no objects there), with
+        its :attr:`key`."""
+        return {"key": self.key, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_trial(cls, spec: dict[str, Any]) -> Federation:
+        """The federation that :meth:`to_trial` wrote."""
+        fields = {f.name: spec[f.name] for f in dataclasses.fields(cls)}
+        return cls(**{**fields, "config": RunConfig(**spec["config"])})
+
+    @property
+    def weights_key(self) -> str:
+        """What its initial backbone depends on: model, source of its weights, image size."""
+        return f"{self.config.model}:{self.init}:{self.config.image_size}"
 
     def title(self) -> str:
         """How progress lines name it: ``sketch seed=0`` (``[lr=0.02]`` in a search)."""
@@ -76,11 +117,13 @@ class Plan:
     settings: list[dict[str, Any]]
     federations: list[Federation]
     changed: str  # the settings off the defaults: ``clients=12 dirichlet=0.5``
+    runtime: Runtime
     plugins: list[Plugin] = dataclasses.field(default_factory=list)
 
     @property
     def targets(self) -> list[str]:
-        return targets(self.config)
+        """The held-out domains, in the order of the federations."""
+        return list(dict.fromkeys(f.target for f in self.federations))
 
     @property
     def label(self) -> str:
@@ -90,7 +133,7 @@ class Plan:
 
     @property
     def rows(self) -> str:
-        """The method(s) as table rows name them (:func:`raydg.resolve.row_label`)."""
+        """The method(s) as table rows name them (:func:`raydg.labels.row_label`)."""
         return ", ".join(dict.fromkeys(f.row for f in self.federations))
 
     @property
@@ -105,10 +148,14 @@ class Plan:
         prefix = f"{searched} ({len(self.settings)} settings): " if searched else ""
         return prefix + " ".join(p for p in (self.rows, self.changed, self.config.dataset) if p)
 
-
-def weights_key(cfg: RunConfig) -> str:
-    """What a run's initial backbone depends on: model, source of its weights, image size."""
-    return f"{cfg.model}:{init_weights(cfg)}:{cfg.image_size}"
+    def headline(self, run_id: str) -> str:
+        """The line that says what the experiment runs."""
+        base = self.config
+        settings = f", {len(self.settings)} settings" if len(self.settings) > 1 else ""
+        changed = f" ({self.changed})" if self.changed else ""
+        return (f"raydg: {self.rows} on {base.dataset}{changed}, targets {self.targets}, seeds "
+                f"{base.seeds}{settings}, {base.rounds} rounds x {base.local_steps} local "
+                f"steps; MLflow run {run_id}")
 
 
 def check_federations(plan: Plan, data: MultiDomainDataset) -> list[str]:

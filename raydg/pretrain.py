@@ -30,10 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from raydg.config import RunConfig
 from raydg.datasets import MultiDomainDataset
 from raydg.models import ModelSpec, build_model, file_state, imagenet_weights
-from raydg.plan import GLYPHS, IMAGENET, Plan, init_weights, weights_key
+from raydg.plan import GLYPHS, IMAGENET, Federation, Plan
 
 LETTERS = "ACEFHJKLMNPRTUVWXY"
 NEUTRAL = "glyphs-neutral"
@@ -147,13 +146,13 @@ def glyph_weights(model: str, channels: int, size: int, mean: tuple[float, ...],
     return file_state(str(path))
 
 
-def initial_weights(cfg: RunConfig, channels: int, mean: tuple[float, ...],
+def initial_weights(fed: Federation, channels: int, mean: tuple[float, ...],
                     std: tuple[float, ...], cache: Path,
                     log: Callable[[str], None] = print) -> dict[str, Tensor] | None:
-    """The backbone state dict a run starts from: None (random initialisation), ImageNet's
-    (torchvision's cache), a glyphs pretraining (:data:`PRETRAININGS`), or the user's
-    file."""
-    source = init_weights(cfg)
+    """The backbone state dict a federation starts from (``fed.init``): None (random
+    initialisation), ImageNet's (torchvision's cache), a glyphs pretraining
+    (:data:`PRETRAININGS`), or the user's file."""
+    cfg, source = fed.config, fed.init
     if source is None:
         return None
     if source == IMAGENET:
@@ -165,16 +164,16 @@ def initial_weights(cfg: RunConfig, channels: int, mean: tuple[float, ...],
 
 def starting_weights(plan: Plan, data: MultiDomainDataset, cache: Path,
                      log: Callable[[str], None] = print) -> dict[str, dict[str, np.ndarray]]:
-    """Every federation's initial backbone, by :func:`~raydg.plan.weights_key`, loaded (or
-    pretrained) once, here, and checked to fit the model: missing weights stop the experiment
-    before Ray starts, and no node has to find a file. As numpy arrays: the experiment's
-    process, which passes them on, holds no torch (:mod:`raydg.forked`)."""
+    """Every federation's initial backbone, by :attr:`~raydg.plan.Federation.weights_key`,
+    loaded (or pretrained) once, here, and checked to fit the model: missing weights stop the
+    experiment before Ray starts, and no node has to find a file. As numpy arrays: the
+    experiment's process, which passes them on, holds no torch (:mod:`raydg.forked`)."""
     out: dict[str, dict[str, np.ndarray]] = {}
     for fed in plan.federations:
-        cfg, key = fed.config, weights_key(fed.config)
-        if key in out or init_weights(cfg) is None:
+        cfg, key = fed.config, fed.weights_key
+        if key in out or fed.init is None:
             continue
-        state = initial_weights(cfg, data.channels, data.mean, data.std, cache, log)
+        state = initial_weights(fed, data.channels, data.mean, data.std, cache, log)
         build_model(ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size,
                               state))
         out[key] = {k: v.detach().cpu().numpy() for k, v in state.items()}

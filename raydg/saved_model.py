@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 INFO = "model.json"
+MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # run by MLflow, never imported here
 
 
 def model_info(cfg: Any, channels: int, classes: list[str], mean: tuple[float, ...],
@@ -95,12 +96,11 @@ def load_model(run_id: str, tracking_uri: str | None = None,
 def build(info: dict[str, Any], weights: Path) -> SavedModel:
     """The model ``info`` describes, with the weights of the ``.npz`` file ``weights``."""
     from raydg import state
-    from raydg.methods import method_class
+    from raydg.methods import build as build_method
     from raydg.models import ModelSpec
     from raydg.results import load_state
 
-    cls = method_class(info["method"], info["augment"], info["aggregation"])
-    method = cls(cls.parse_options(info["options"]))
+    method = build_method(info["method"], info["augment"], info["aggregation"], info["options"])
     module = method.build_model(ModelSpec(info["model"], info["in_channels"],
                                           info["num_classes"], info["image_size"]))
     state.load(module, load_state(weights))
@@ -117,8 +117,6 @@ def log_model(client: Any, run_id: str, models: dict[str, Any], info: dict[str, 
     from mlflow.models import ModelSignature
     from mlflow.types import Schema, TensorSpec
 
-    import raydg.mlflow_model as code
-
     with tempfile.TemporaryDirectory() as tmp:
         files = {name: Path(tmp) / f"{name}.npz" for name, state in models.items()
                  if state is not None}
@@ -131,7 +129,7 @@ def log_model(client: Any, run_id: str, models: dict[str, Any], info: dict[str, 
         with warnings.catch_warnings():  # MLflow's advice on input examples
             warnings.filterwarnings("ignore", message=".*input example")
             mlflow.pyfunc.save_model(
-                Path(tmp) / "model", python_model=code.__file__, signature=signature,
+                Path(tmp) / "model", python_model=str(MODEL_CODE), signature=signature,
                 artifacts={"info": str(Path(tmp) / INFO),
                            **{name: str(path) for name, path in files.items()}},
                 pip_requirements=[f"raydg=={version}"])

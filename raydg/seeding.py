@@ -10,8 +10,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from raydg.errors import RaydgError, quoted
-
 if TYPE_CHECKING:
     import torch
 
@@ -20,14 +18,6 @@ if TYPE_CHECKING:
 # columns (the results tables logged to MLflow) none above 2**63 - 1 (torch.manual_seed takes
 # any derived seed: they have 63 bits)
 MAX_SEED = 2**63 - 1
-
-
-def check_seed(seed: int, what: str = "seed") -> None:
-    """Refuse a seed outside ``[0, MAX_SEED]`` (``what`` names it)."""
-    if not 0 <= seed <= MAX_SEED:
-        raise RaydgError(f"{what} {quoted(seed)} is out of range: seeds are integers from 0 to "
-                         f"2**63 - 1 = {MAX_SEED}, which numpy, torch and MLflow's tables all "
-                         "take")
 
 
 def derive_seed(seed: int, *keys: int) -> int:

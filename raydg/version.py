@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__version__ = "0.1.0"  # as in pyproject.toml
+__version__ = "0.2.0.dev0"  # as in pyproject.toml
 
 
 def installed_version() -> str:

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from raydg.api import simulation
 from raydg.datasets import load_dataset
-from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, ClientContext, method_class
 from raydg.methods.ampmix import (
@@ -162,7 +162,7 @@ def test_training_without_a_bank_fails_clearly_and_options_are_checked():
 
 def _run(cfg):
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+    sim = simulation(cfg, data, log=lambda _: None)
     return sim, sim.run()
 
 

@@ -9,15 +9,15 @@ import torch
 from torch import nn
 
 from raydg import state
+from raydg.api import simulation
 from raydg.datasets import load_dataset
 from raydg.engine.client import ClientHost, RuntimeSpec
-from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
+from raydg.labels import method_label
 from raydg.methods import METHODS, method_class
 from raydg.methods.ccst import PixelCoder, StyleTransfer, VGGCoder, _convs, adain, augment
 from raydg.models import ModelSpec
 from raydg.partition import ClientData, make_clients
-from raydg.resolve import method_label
 from tests.conftest import tiny_config
 
 PIXEL = StyleTransfer(PixelCoder(), torch.device("cpu"), None)
@@ -107,7 +107,7 @@ def test_bank_shapes_and_only_style_vectors_travel(style, per_client, ray_sessio
     cfg = tiny_config(method="ccst", rounds=1, local_steps=2,
                       options={"style": style, "k": 2, "single_styles": per_client})
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+    sim = simulation(cfg, data, log=lambda _: None)
     result = sim.run()
     setup = [r for r in result.tables["ledger"] if r["round"] == 0]
     style_bytes = per_client * 2 * 3 * 8  # (J or 1) x (mean, std) x 3 channels, float64
@@ -213,7 +213,7 @@ def test_augment_ccst_runs_with_fedbn_on_ray(ray_session):
                       options={"k": 2})
     assert method_label(cfg) == "fedbn+ccst-pixel"  # the pixel coder is never called ccst
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+    sim = simulation(cfg, data, log=lambda _: None)
     result = sim.run()
     assert result.method == "fedbn+ccst-pixel [k=2]"  # its row says K is not the paper's
     kinds = {(r["round"], r["kind"]) for r in result.tables["ledger"]}

@@ -19,9 +19,9 @@ import torch
 from ray import tune
 
 from raydg import checkpoint
+from raydg.api import simulation
 from raydg.datasets import load_dataset
 from raydg.engine.client import ClientState
-from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.partition import ClientData
 from raydg.results import timing_free
@@ -156,7 +156,7 @@ def test_a_federation_that_fails_to_start_leaves_no_actor_behind():
     cfg = tiny_config(clients=4)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     with pytest.raises(KeyError):  # a snapshot without its clients: fails after the actors exist
-        Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None,
+        simulation(cfg, data, log=lambda _: None,
                    restore={"round": 1, "global_state": {}, "history": [], "pending": {},
                             "ledger": [], "tables": {}, "has_local": [], "steps": 0,
                             "sampler": np.random.default_rng(0).bit_generator.state})

@@ -19,6 +19,7 @@ from raydg.config import RunConfig, apply, parse_sets, split_search
 from raydg.config_files import load_yaml
 from raydg.methods import METHODS
 from raydg.resolve import resolve
+from raydg.version import __version__
 
 
 def _check_child_run(client: MlflowClient, child: Run, parent_id: str) -> None:
@@ -245,12 +246,12 @@ def test_list_commands():
 
 
 def test_impossible_partition_is_refused_before_ray_starts(monkeypatch):
-    import raydg.experiment
+    import raydg.session
 
     def no_ray(*_a, **_k):
         raise AssertionError("Ray must not start for invalid input")
 
-    monkeypatch.setattr(raydg.experiment, "ray_session", no_ray)
+    monkeypatch.setattr(raydg.session, "ray_session", no_ray)
     result = CliRunner().invoke(cli, ["run", "digits-style", "--clients", "300",
                                       "--dirichlet", "0.01"])
     assert result.exit_code == 2
@@ -370,4 +371,5 @@ def test_the_readme_names_every_option_of_raydg_report():
 def test_python_dash_m_raydg_is_the_command():
     done = subprocess.run([sys.executable, "-m", "raydg", "--version"], capture_output=True,
                           text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.startswith("raydg, version 0.1.0"), done.stderr
+    assert done.returncode == 0 and done.stdout.startswith(f"raydg, version {__version__}"), \
+        done.stderr

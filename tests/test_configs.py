@@ -22,7 +22,8 @@ from raydg.config_files import load_yaml
 from raydg.datasets import DATASETS
 from raydg.errors import RaydgError
 from raydg.methods import method_class
-from raydg.resolve import plan_experiment, resolve
+from raydg.planning import plan_experiment
+from raydg.resolve import resolve
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 FILES = sorted(CONFIGS.glob("*.yaml"))

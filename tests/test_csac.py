@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 
 from raydg import state
+from raydg.api import simulation
 from raydg.datasets import load_dataset
 from raydg.engine.client import ClientHost, RuntimeSpec
-from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
 from raydg.methods.csac import (
@@ -234,7 +234,7 @@ def test_a_csac_run_exchanges_only_model_state_and_logs_weights(ray_session, tmp
     cfg = tiny_config(dataset="digits-rot", target="M75", method="csac", rounds=2,
                       local_steps=2, options={"acquire_steps": 2})
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+    sim = simulation(cfg, data, log=lambda _: None)
     full = state.nbytes(sim.global_state)
     result = sim.run()
     ledger = result.tables["ledger"]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from raydg import state
+from raydg.api import simulation
 from raydg.datasets import load_dataset
 from raydg.engine.client import ClientHost, RuntimeSpec
-from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS
 from raydg.methods.deepall import DeepAll
@@ -59,7 +59,7 @@ def test_options_are_checked():
 def test_deepall_runs_end_to_end_with_one_client(dataset, target, ray_session):
     cfg = tiny_config(dataset=dataset, target=target, method="deepall", rounds=2, local_steps=2)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+    sim = simulation(cfg, data, log=lambda _: None)
     result = sim.run()
     sources = len(data.domains) - 1
     assert sim.client_ids == [0] and result.tables["clients"][0]["domain"].count("+") == sources - 1

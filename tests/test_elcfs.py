@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from raydg.api import simulation
 from raydg.datasets import load_dataset
-from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, ClientContext
 from raydg.methods.ampmix import BANK
@@ -111,7 +111,7 @@ def test_elcfs_federation_on_digits_rot(ray_session):
     cfg = tiny_config(dataset="digits-rot", target="M75", method="feddg", rounds=2,
                       local_steps=3, actors=1)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+    sim = simulation(cfg, data, log=lambda _: None)
     result = sim.run()
     assert result.method == "elcfs" and len(sim.client_ids) == 5
     assert {r["kind"] for r in result.tables["ledger"] if r["round"] == 0} == {

@@ -13,10 +13,10 @@ import ray
 import torch
 
 from raydg import seeding, state
+from raydg.api import simulation
 from raydg.datasets import load_dataset
 from raydg.engine.actors import balanced_groups
 from raydg.engine.client import ClientHost, RuntimeSpec, on_host
-from raydg.engine.simulation import Simulation
 from raydg.methods import Method, method_class
 from raydg.models import ModelSpec
 from raydg.partition import make_clients, plan_clients
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 def _run(**overrides):
     cfg = tiny_config(**overrides)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+    sim = simulation(cfg, data, log=lambda _: None)
     return sim, sim.run()
 
 
@@ -152,7 +152,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors can't 
 def test_one_off_exchange_through_client_phases_is_ledgered():
     cfg = tiny_config(clients=4, rounds=1)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None, method=_Exchange())
+    sim = simulation(cfg, data, log=lambda _: None, method=_Exchange())
     result = sim.run()
     sums = {c.client_id: float(c.train_y.sum())
             for c in make_clients(data, cfg.target, 4, None, cfg.val_fraction, cfg.seed)}
@@ -201,7 +201,7 @@ class _Uniform(Method):
 def test_logged_values_and_local_steps_become_round_metrics():
     cfg = tiny_config(clients=4, sample=2, rounds=2, local_steps=4)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    result = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None,
+    result = simulation(cfg, data, log=lambda _: None,
                         method=_Logging()).run()
     for row in result.history:
         sampled = {r["client"] for r in result.tables["ledger"]
@@ -228,7 +228,7 @@ def test_a_run_stuck_at_chance_says_so_once():
     cfg = tiny_config(rounds=4)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     lines: list[str] = []
-    result = Simulation(cfg, data, cfg.target, cfg.seed, log=lines.append,
+    result = simulation(cfg, data, log=lines.append,
                         method=_Uniform()).run()
     assert all(r["train_loss"] == pytest.approx(np.log(10), rel=1e-6) for r in result.history)
     warnings = [line for line in lines if line.startswith("warning:")]
@@ -243,7 +243,7 @@ def test_a_diverging_run_says_so_once():
     cfg = tiny_config(rounds=3, lr=1e6)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     lines: list[str] = []
-    result = Simulation(cfg, data, cfg.target, cfg.seed, log=lines.append).run()
+    result = simulation(cfg, data, log=lines.append).run()
     warnings = [line for line in lines if line.startswith("warning:")]
     assert len(warnings) == 1 and warnings[0].startswith("warning: fedavg diverged in round 1: "
                                                          "client ")
@@ -268,7 +268,7 @@ def test_the_guard_names_the_round_and_the_term_that_exploded():
     cfg = tiny_config(rounds=3)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     lines: list[str] = []
-    Simulation(cfg, data, cfg.target, cfg.seed, log=lines.append, method=_Exploding()).run()
+    simulation(cfg, data, log=lines.append, method=_Exploding()).run()
     warnings = [line for line in lines if line.startswith("warning:")]
     # step 1 of round 2 adds 1e3 to the loss: past 100 x its first step's (about 2.3 + 1e3)
     # only at step 2 (1e6); the lowest client id is the one named

@@ -84,11 +84,11 @@ def test_adapter_parameter_count_matches_table_4():
 
 
 def test_fedfd_a_runs_on_ray_and_reports_every_inference_mode(ray_session):
-    from raydg.engine.simulation import Simulation
+    from raydg.api import simulation
 
     cfg = tiny_config(method="fedfd-a", rounds=2, local_steps=2, clients=4, actors=2)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    result = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None).run()
+    result = simulation(cfg, data, log=lambda _: None).run()
     assert set(result.selected) == {"adapter", "global", "instance", "fixed", "random"}
     assert result.history[-1]["target_acc"] == result.history[-1]["target_acc/adapter"]
     alphas = result.tables["target_alpha"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from raydg.api import simulation
 from raydg.datasets import load_dataset
-from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, Upload, method_class
 from raydg.methods.fedgma import FedGMA
@@ -131,7 +131,7 @@ def test_end_to_end_masks_every_weight_and_shares_only_parameters(
     cfg = tiny_config(dataset=dataset, target=target, method=method, aggregation=aggregation,
                       rounds=1, local_steps=1, actors=1)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    result = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None).run()
+    result = simulation(cfg, data, log=lambda _: None).run()
     assert result.method == ("fedgma" if aggregation is None else "fedprox+fedgma")
     weights = {k for k, v in result.global_state.items() if v.dtype.kind == "f"
                and k.rsplit(".", 1)[-1] not in ("running_mean", "running_var")}

@@ -11,10 +11,10 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
+from raydg.api import simulation
 from raydg.cli import cli
 from raydg.datasets import load_dataset
 from raydg.engine.client import ClientHost, Evaluator, RuntimeSpec
-from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, ClientContext, method_class
 from raydg.methods.fedsr import PREDICT_SEED, FedSR, GaussianNet, cmi_term
@@ -186,7 +186,7 @@ def test_tiny_federation_logs_regularisers_and_reproduces_elsewhere(dataset, tar
     cfg = tiny_config(dataset=dataset, target=target, method="fedsr", local_steps=3,
                       actors=1, options={"z_dim": 16, "samples": 4})
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    result = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None).run()
+    result = simulation(cfg, data, log=lambda _: None).run()
     rows = result.history
     assert [r["round"] for r in rows] == [1, 2]
     for r in rows:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from raydg.api import simulation
 from raydg.cli import cli
 from raydg.datasets import load_dataset
-from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.methods import METHODS, Upload, method_class
 from raydg.methods.ga import GA, adjust, step
@@ -123,7 +123,7 @@ def test_ga_composes_end_to_end_and_its_weights_follow_the_recorded_gaps(
     cfg = tiny_config(dataset=dataset, target=target, method=method, aggregation="ga",
                       rounds=rounds, local_steps=2)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    result = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None).run()
+    result = simulation(cfg, data, log=lambda _: None).run()
     assert result.method == f"{method}+ga"
     rows = result.tables["ga_weights"]
     clients = sorted({r["client"] for r in rows})

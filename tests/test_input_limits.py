@@ -118,16 +118,19 @@ def test_set_values_are_parsed_and_refused_as_config_files_are(tmp_path):
 
 
 def refused_before(monkeypatch, *names: str) -> None:
-    """Make each named step of :mod:`raydg.experiment` (``_load``: the data,
-    ``check_federations``: every partition planned, ``ray_session``: Ray) fail the test if it
-    runs, in the planning child too (forked from this process)."""
-    import raydg.experiment
+    """Make each named step of an experiment (``_load``: the data, ``check_federations``:
+    every partition planned, both :mod:`raydg.prepare`'s; ``ray_session``: Ray, in
+    :mod:`raydg.session`) fail the test if it runs, in the planning child too (forked from
+    this process)."""
+    import raydg.prepare
+    import raydg.session
 
     def ran(*_args, **_kwargs):
         raise AssertionError("bad input reached work it should have been refused before")
 
     for name in names:
-        monkeypatch.setattr(raydg.experiment, name, ran)
+        module = raydg.session if name == "ray_session" else raydg.prepare
+        monkeypatch.setattr(module, name, ran)
 
 
 def test_a_population_beyond_memory_is_refused_before_loading_or_planning(monkeypatch):
@@ -168,8 +171,9 @@ def test_seeds_are_bounded_by_what_every_library_takes(tmp_path, monkeypatch):
     path = tmp_path / "sweep.yaml"
     path.write_text("dataset: digits-style\nrandom: {samples: 2, seed: -5, space: "
                     "{lr: {uniform: [0.01, 0.1]}}}\n")
-    assert "random.seed -5 is out of range" in one_error_line(
-        CliRunner().invoke(cli, ["sweep", str(path)]))
+    assert one_error_line(CliRunner().invoke(cli, ["sweep", str(path)])).endswith(
+        "search key 'random.seed' must be integers from 0 to 2**63 - 1, which numpy, torch and "
+        "MLflow's tables all take, not -5")
 
 
 PACS = ("art_painting", "cartoon", "photo", "sketch")

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from raydg import state
+from raydg.api import simulation
 from raydg.datasets import load_dataset
 from raydg.engine.client import ClientHost, RuntimeSpec
-from raydg.engine.simulation import Simulation
 from raydg.methods import METHODS, Method
 from raydg.methods.local import Local
 from raydg.models import ModelSpec
@@ -72,7 +72,7 @@ def test_prediction_is_the_log_of_the_members_mean_softmax():
 def test_local_runs_end_to_end(dataset, target, ray_session):
     cfg = tiny_config(dataset=dataset, target=target, method="local", rounds=1, local_steps=1)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+    sim = simulation(cfg, data, log=lambda _: None)
     result = sim.run()
     members = {k.split(".")[1] for k in result.global_state}
     assert members == {str(i) for i in range(len(sim.client_ids))}

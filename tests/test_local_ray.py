@@ -11,7 +11,6 @@ import ray
 from ray._private import node
 
 from raydg.cluster import ray_session
-from raydg.config import RunConfig
 
 # each process by the marks of its command line (an agent renames itself once it has started)
 NEEDED = {"GCS": ("gcs_server",), "raylet": ("raylet",),
@@ -46,7 +45,7 @@ def test_a_fresh_local_ray_runs_what_raydg_uses_and_works():
     if ray.is_initialized():
         pytest.fail("a test module left Ray running")
     patched = (node.Node.__init__, node.Node.start_api_server)
-    with ray_session(RunConfig(dataset="digits-style"), say=pytest.fail):
+    with ray_session(None, say=pytest.fail):
         assert _running() == set(NEEDED), _running()
         group = ray.util.placement_group([{"CPU": 1}, {"CPU": 1}])
         ray.get(group.ready())
@@ -61,7 +60,7 @@ def test_dashboard_flag_starts_rays_own_set_and_its_dashboard():
     """``--dashboard``: Ray's monitors and the dashboard head run, and the printed address
     answers."""
     said: list[str] = []
-    with ray_session(RunConfig(dataset="digits-style", dashboard=True), say=said.append):
+    with ray_session(None, dashboard=True, say=said.append):
         assert _running() == set(NEEDED) | set(LEFT_OUT), _running()
         [line] = said
         assert line.startswith("raydg: Ray dashboard at http://")

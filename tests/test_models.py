@@ -23,7 +23,7 @@ from raydg.models import (
     has_batchnorm,
     imagenet_weights,
 )
-from raydg.plan import init_weights
+from raydg.planning import init_weights
 from raydg.resolve import resolve
 
 

@@ -23,7 +23,8 @@ from raydg.datasets import DATASETS
 from raydg.errors import RaydgError
 from raydg.methods.base import learning_rate
 from raydg.optim import SGD
-from raydg.resolve import plan_experiment, resolve
+from raydg.planning import plan_experiment
+from raydg.resolve import resolve
 from raydg.results import FederationResult, select_settings
 
 
@@ -63,7 +64,8 @@ BAD_SEARCHES = [
     (({"lr": 0.1},), "non-empty list"),
     (({"seeds": [[1], [2]]},), "cannot vary 'seeds'"),
     (({"dataset": ["pacs"]},), "cannot vary 'dataset'"),
-    (({}, {"samples": 0, "space": {"lr": {"uniform": [0, 1]}}}), "samples must be a positive"),
+    (({}, {"samples": 0, "space": {"lr": {"uniform": [0, 1]}}}),
+     "search key 'random.samples' must be an integer > 0, not 0"),
     (({}, {"samples": 2, "space": {"lr": {"normal": [0, 1]}}}), "needs one of uniform"),
     (({}, {"samples": 2, "space": {"lr": {"loguniform": [0, 1]}}}), "low > 0"),
     (({}, {"samples": 2, "space": {}}), "random.space must map"),
@@ -271,7 +273,7 @@ def test_a_methods_regime_options_apply_below_the_users_and_are_labelled():
     embedded ones and one with no options of its own alike; method_options and options
     override it; every row off the paper's values is named with them, one at the paper's
     values plainly."""
-    from raydg.resolve import not_paper, row_label
+    from raydg.labels import not_paper, row_label
 
     for dataset in ("digits-style", "digits-gen"):
         cfg = resolve(RunConfig(dataset=dataset, method="fedfd-a"))
@@ -299,7 +301,7 @@ def test_a_paper_configs_own_options_are_the_papers_and_others_are_labelled():
     are labelled."""
     from raydg.config import split_search
     from raydg.config_files import load_yaml
-    from raydg.resolve import row_label
+    from raydg.labels import row_label
 
     values, _ = split_search(load_yaml("configs/csac-rotmnist.yaml"))
     assert values["paper_options"]["csac"]["calibration_epochs"] == 5
@@ -326,7 +328,7 @@ def test_options_a_search_varies_are_left_to_the_settings_label():
 
 
 def test_a_list_option_off_the_paper_is_one_word_of_the_label():
-    from raydg.resolve import not_paper
+    from raydg.labels import not_paper
 
     cfg = resolve(RunConfig(dataset="pacs", method="fedfd",
                             options={"eval_modes": ["global", "fixed"]}))

@@ -92,13 +92,13 @@ def test_neutral_glyphs_have_light_ink_on_plain_paper(small_recipe, tmp_path):
 def test_the_engine_loads_no_weights_it_is_not_given():
     """A pretrained start is the caller's to load (the experiment does, once, before Ray):
     the engine refuses to guess it, before any actor starts."""
+    from raydg.api import simulation
     from raydg.config import RunConfig
     from raydg.datasets import load_dataset
-    from raydg.engine.simulation import Simulation
     from raydg.errors import RaydgError
     from raydg.resolve import resolve
 
     cfg = resolve(RunConfig(dataset="digits-style", target="sketch", weights="glyphs"))
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     with pytest.raises(RaydgError, match="cnn starts from glyphs weights: pass them"):
-        Simulation(cfg, data, cfg.target, cfg.seed, log=lambda _: None)
+        simulation(cfg, data, log=lambda _: None)

@@ -21,7 +21,7 @@ from raydg.tracking.tracker import Tracker
 
 def _tracker(tmp_path) -> Tracker:
     cfg = resolve(RunConfig(target="sketch", tracking_uri=f"sqlite:///{tmp_path}/m.db"))
-    return Tracker(cfg, "fedavg")
+    return Tracker(cfg.tracking_uri, cfg, "fedavg")
 
 
 def _flaky(tracker: Tracker) -> tuple[dict[str, Any], Callable[..., Any]]:

@@ -9,12 +9,12 @@ import pytest
 import ray
 from mlflow import MlflowClient
 
+from raydg.api import simulation
 from raydg.config import RunConfig, parse_search
 from raydg.datasets import load_dataset
-from raydg.engine.simulation import Simulation
 from raydg.errors import RaydgError
 from raydg.experiment import run_experiment
-from raydg.resolve import plan_experiment
+from raydg.planning import plan_experiment
 from raydg.results import timing_free
 from raydg.trials.tuner import _root_cause
 
@@ -62,7 +62,7 @@ def test_concurrent_trials_equal_sequential_runs_whatever_the_layout(concurrent)
     data = load_dataset("digits-style", None, None)
     for fed, run in zip(result.plan.federations, result.runs, strict=True):
         alone = dataclasses.replace(fed.config, actors=2)  # in this process, no Tune, 2 actors
-        _assert_same(run, Simulation(alone, data, fed.target, fed.seed, log=print).run())
+        _assert_same(run, simulation(alone, data, fed.target, fed.seed, log=print).run())
     again = run_experiment(dataclasses.replace(
         cfg, max_concurrent=1, actors=2, placement="spread",
         tracking_uri=cfg.tracking_uri.replace("mlflow.db", "again.db")), out=lambda _: None)

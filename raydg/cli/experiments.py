@@ -91,7 +91,7 @@ def resume(target: str | None, tracking_uri: str | None, quiet: bool) -> None:
 def _list_unfinished() -> None:
     """``raydg resume`` alone: the unfinished experiments, newest first, each with its
     command."""
-    from raydg.resolve import STORAGE_ENV, storage_location
+    from raydg.plan import STORAGE_ENV, storage_location
     from raydg.signals import command
     from raydg.trials.storage import unfinished
 

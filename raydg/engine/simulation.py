@@ -16,7 +16,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
@@ -25,20 +25,21 @@ from torch import Tensor
 
 from raydg import seeding
 from raydg import state as st
-from raydg.config import RunConfig, clients_per_round
+from raydg.config import clients_per_round
 from raydg.datasets import MultiDomainDataset
 from raydg.engine import health
 from raydg.engine.actors import ClientPool, describe_placement
 from raydg.engine.client import Evaluator, RuntimeSpec, where
 from raydg.engine.ledger import DOWN, UP, Ledger, payload_nbytes
 from raydg.errors import RaydgError
-from raydg.methods import Method, Upload, method_class
+from raydg.methods import Method, Upload
 from raydg.models import ModelSpec
 from raydg.partition import make_clients
-from raydg.plan import init_weights
-from raydg.resolve import row_label
 from raydg.results import FederationResult, round_summaries
 from raydg.saved_model import model_info
+
+if TYPE_CHECKING:
+    from raydg.plan import Federation
 
 CLIENT_ONLY = ("seconds", "local_val_acc", "steps")  # per-client metrics, not round means
 # a round's evaluation under way: target future, validation refs, validators, their weights
@@ -48,35 +49,30 @@ Evaluation = tuple[Future, list[Any], list[int], list[float] | None]
 class Simulation:
     """Runs one (target, seed) federation; the ``Server`` that method hooks receive."""
 
-    def __init__(self, cfg: RunConfig, data: MultiDomainDataset, target: str, seed: int,
-                 log: Callable[[str], None] = print, method: Method | None = None,
-                 weights: dict[str, Tensor] | None = None,
-                 restore: dict[str, Any] | None = None, label: str | None = None) -> None:
-        """``method`` defaults to the registered ``cfg.method`` with ``cfg.options``; passing an
-        instance runs a method that is not registered (e.g. one defined in a notebook).
-        ``weights`` is the backbone's initial state as the experiment loaded it (needed when
-        ``cfg`` starts from pretrained weights: the engine loads none). ``restore`` is a
-        :meth:`snapshot` to continue from. ``label`` names its rows (default:
-        :func:`raydg.resolve.row_label`)."""
-        self.config = dataclasses.replace(cfg, target=target, seeds=[seed])
-        self.label = label or row_label(cfg, method)
+    def __init__(self, fed: Federation, data: MultiDomainDataset, method: Method,
+                 log: Callable[[str], None] = print, weights: dict[str, Tensor] | None = None,
+                 restore: dict[str, Any] | None = None) -> None:
+        """``fed``: the federation as planned (:func:`raydg.planning.federation` plans one),
+        ``method`` the method that runs it (:func:`raydg.methods.build` builds a registered
+        one). ``weights`` is the backbone's initial state as the experiment loaded it (needed
+        when ``fed`` starts from pretrained weights: the engine loads none). ``restore`` is a
+        :meth:`snapshot` to continue from."""
+        self.config = cfg = fed.config
+        self.label = fed.row
         self.log = log
-        if method is None:
-            method_cls = method_class(cfg.method, cfg.augment, cfg.aggregation)
-            method = method_cls(method_cls.parse_options(cfg.options))
         self.method = method
         clients = method.arrange_clients(make_clients(
-            data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction, seed, cfg.client_size),
-            self.config)
+            data, cfg.target, cfg.clients, cfg.dirichlet, cfg.val_fraction, cfg.seed,
+            cfg.client_size), cfg)
         self.client_ids = [c.client_id for c in clients]
         self.num_samples = {c.client_id: c.num_train for c in clients}
         self.domains = {c.client_id: c.domain for c in clients}
         self.spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
         self.model_info = model_info(cfg, data.channels, data.classes, data.mean, data.std,
                                      self.method.eval_modes[0])
-        self._init_global(weights)
+        self._init_global(fed.init, weights)
         self._init_rounds()
-        test = data.domain(target)
+        test = data.domain(cfg.target)
         # the target domain stays on the driver (which checks its device before any actor
         # starts); evaluation runs in a thread beside the rounds
         rt = RuntimeSpec(method, self.config, self.spec, data.mean, data.std)
@@ -91,13 +87,13 @@ class Simulation:
                 self.pool.shutdown()
                 raise
 
-    def _init_global(self, weights: dict[str, Tensor] | None) -> None:
-        """The initial global model: the backbone's ``weights`` if the config starts from
-        pretrained ones, else a seeded initialisation."""
+    def _init_global(self, init: str | None, weights: dict[str, Tensor] | None) -> None:
+        """The initial global model: the backbone's ``weights`` if it starts from pretrained
+        ones (``init``), else a seeded initialisation."""
         cfg = self.config
         torch.manual_seed(seeding.derive_seed(cfg.seed, seeding.MODEL_INIT))
-        if weights is None and init_weights(cfg) is not None:
-            raise RaydgError(f"{cfg.model} starts from {init_weights(cfg)} weights: pass them "
+        if weights is None and init is not None:
+            raise RaydgError(f"{cfg.model} starts from {init} weights: pass them "
                              "(raydg.pretrain.initial_weights loads them)")
         # only the initial global model is built with pretrained weights; actors build the
         # architecture and receive the global state

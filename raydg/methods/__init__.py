@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import pkgutil
+from typing import Any
 
 from raydg.errors import RaydgError
 from raydg.methods.base import ClientContext, Method, NoOptions, Server, Upload
@@ -43,6 +44,14 @@ def method_class(name: str, augment: str | None = None,
     return cls
 
 
+def build(name: str, augment: str | None, aggregation: str | None,
+          options: dict[str, Any]) -> Method:
+    """The method that runs: :func:`method_class` with ``options`` in their typed form (the
+    planning step checked them; a trial and a saved model build it from its record)."""
+    cls = method_class(name, augment, aggregation)
+    return cls(cls.parse_options(options))
+
+
 def _compose(base: type[Method], extra: type[Method], role: str, flag: str) -> type[Method]:
     """``class Composed(extra, base)``, named ``base+extra``; ``role`` is the class flag that
     ``extra`` must have and ``base`` must not."""
@@ -67,5 +76,5 @@ for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base":
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["METHODS", "ClientContext", "Method", "NoOptions", "Server", "Upload", "method_class",
-           "register"]
+__all__ = ["METHODS", "ClientContext", "Method", "NoOptions", "Server", "Upload", "build",
+           "method_class", "register"]

@@ -41,7 +41,7 @@ from raydg.results import (
     write_table,
 )
 from raydg.saved_model import log_model
-from raydg.tracking.store import quiet_mlflow, tracking_uri
+from raydg.tracking.store import quiet_mlflow
 from raydg.version import installed_version
 
 # MLflow's run page draws a section per metric prefix (before the last '/'), sections in name
@@ -109,16 +109,16 @@ class Tracker:
     and ends it on exit (``FINISHED``, ``FAILED``, or ``KILLED`` after Ctrl-C, with any child
     run still open); one child run per federation, tagged ``raydg.key``."""
 
-    def __init__(self, cfg: RunConfig, label: str, search: Search | None = None,
+    def __init__(self, uri: str, cfg: RunConfig, label: str, search: Search | None = None,
                  run_id: str | None = None, name: str = "") -> None:
-        """``label`` names the method(s) of the parent run (tag ``raydg.method``), ``name`` the
-        run (default: label and dataset)."""
+        """The parent run of ``cfg`` in the store ``uri``; ``label`` names its method(s) (tag
+        ``raydg.method``), ``name`` the run (default: label and dataset)."""
         from mlflow import MlflowClient
 
         quiet_mlflow()
         self.cfg, self.search, self.label = cfg, search or Search(), label
         self.name = name or f"{label} {cfg.dataset}"
-        self.client = MlflowClient(tracking_uri(cfg))
+        self.client = MlflowClient(uri)
         name = cfg.experiment or cfg.dataset
         found = self.client.get_experiment_by_name(name)
         self.experiment_id = found.experiment_id if found else self.client.create_experiment(name)

@@ -31,9 +31,10 @@ def _node_sizes() -> list[tuple[float, float]]:
             for n in ray.nodes() if n["Alive"]]
 
 
-def fit_actors(plan: Plan, num_clients: Callable[[RunConfig], int], started_here: bool,
-               out: Callable[[str], None]) -> list[Federation]:
-    """The federations with their number of client actors set.
+def fit_actors(plan: Plan, sources: int, started_here: bool, out: Callable[[str], None]
+               ) -> list[Federation]:
+    """The federations with their number of client actors set (a federation without
+    ``clients`` has one per source domain, ``sources``).
 
     ``--actors`` if given, else an equal share of the cluster's CPUs (and GPUs, less the
     driver's share for target evaluation) among the federations that run at once, at least
@@ -49,7 +50,7 @@ def fit_actors(plan: Plan, num_clients: Callable[[RunConfig], int], started_here
         share = min(share, math.floor(gpus / at_once / cfg.gpus_per_actor + 1e-9) - 1)
     feds = []
     for fed in plan.federations:
-        n = min(num_clients(fed.config), fed.config.actors or max(1, share))
+        n = min(fed.config.clients or sources, fed.config.actors or max(1, share))
         feds.append(dataclasses.replace(fed, config=dataclasses.replace(fed.config, actors=n)))
     largest = max(feds, key=lambda f: f.config.actors).config
     sizes = _node_sizes()

@@ -14,6 +14,7 @@ from typing import Any
 from ray import tune
 
 from raydg import checkpoint
+from raydg.config import RunConfig, Search
 from raydg.errors import RaydgError
 from raydg.plan import Federation, Plan
 from raydg.trials import logs
@@ -46,7 +47,7 @@ def experiment_dir(plan: Plan, run_id: str) -> str:
     method(s), the time and the MLflow run."""
     label = re.sub(r"[^\w.+=-]+", "_", plan.label)
     name = f"{plan.config.dataset}-{label}-{time.strftime('%Y%m%d-%H%M%S')}-{run_id[:8]}"
-    return f"{plan.config.storage.rstrip('/')}/{name}"
+    return f"{plan.runtime.storage.rstrip('/')}/{name}"
 
 
 def _filesystem(path: str) -> tuple[Any, str]:
@@ -80,6 +81,42 @@ def read_manifest(directory: str, resumable: bool = True) -> dict[str, Any]:
     if resumable and other:
         raise RaydgError(f"{where}: {other}")
     return manifest
+
+
+def resumed(directory: str, tracking: str | None) -> tuple[RunConfig, Search, dict[str, Any]]:
+    """The config, search and manifest of the experiment in ``directory``; ``tracking``, when
+    given, is where its MLflow store is now (the store moved)."""
+    manifest = read_manifest(directory)
+    cfg = RunConfig(**manifest["config"])
+    cfg = dataclasses.replace(cfg, tracking_uri=tracking or cfg.tracking_uri)
+    return cfg, Search(**manifest["search"]), manifest
+
+
+def resume_target(target: str, tracking: str | None = None) -> str:
+    """The experiment folder that ``raydg resume TARGET`` continues: TARGET itself (a URI, or a
+    local path in any form: relative, ``~``, absolute), or the folder recorded on the MLflow
+    parent run whose id TARGET is."""
+    if "://" in target:
+        return target
+    folder = Path(target).expanduser()
+    if folder.exists() or not re.fullmatch(r"[0-9a-f]{32}", target):
+        if not folder.is_dir():
+            raise RaydgError(f"no experiment folder {target} (nor an MLflow run id): name the "
+                             "folder raydg printed when the experiment started or stopped")
+        return str(folder.resolve())
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from raydg.tracking.store import tracking_uri
+
+    uri = tracking_uri(RunConfig(tracking_uri=tracking))
+    try:
+        tags = MlflowClient(uri).get_run(target).data.tags
+    except MlflowException as err:
+        raise RaydgError(f"no MLflow run {target} in {uri}: {err.message}") from None
+    if "raydg.experiment_dir" not in tags:
+        raise RaydgError(f"MLflow run {target} is not the parent run of a raydg experiment")
+    return tags["raydg.experiment_dir"]
 
 
 def other_version(manifest: dict[str, Any]) -> str | None:

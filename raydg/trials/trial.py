@@ -7,6 +7,7 @@ carries the federation's result.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 import time
@@ -18,9 +19,8 @@ import numpy as np
 from ray import tune
 
 from raydg import checkpoint
-from raydg.config import RunConfig
 from raydg.datasets import MultiDomainDataset
-from raydg.plan import weights_key
+from raydg.plan import Federation
 
 FEDERATION = "federation"  # the trainable's name and its key in each trial's config
 
@@ -85,21 +85,21 @@ def federation(config: dict[str, Any], data: MultiDomainDataset,
     result, written by :meth:`FederationResult.save`. ``weights`` are the experiment's initial
     backbones (:func:`~raydg.pretrain.starting_weights`)."""
     from raydg.engine.simulation import Simulation
+    from raydg.methods import build
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # no line per checkpoint
-    spec = config[FEDERATION]
-    cfg = RunConfig(**spec["config"])
+    fed = Federation.from_trial(config[FEDERATION])
+    cfg, recorded = fed.config, dataclasses.asdict(fed.config)
     report = Reporter()
     last = tune.get_checkpoint()
     if last is not None and _is_result(last):  # finished, then lost before Tune knew
         report(checkpoint=last)
         return
-    restore = _restored(last, spec)
+    restore = _restored(last, recorded)
     if restore is not None:
         report.log(f"continues from its checkpoint after round {restore['round']}")
-    sim = Simulation(cfg, data, cfg.target, cfg.seed, log=report.log,
-                     weights=weights.get(weights_key(cfg)), restore=restore,
-                     label=spec.get("label"))  # absent in a trial of an older raydg
+    sim = Simulation(fed, data, build(cfg.method, cfg.augment, cfg.aggregation, cfg.options),
+                     log=report.log, weights=weights.get(fed.weights_key), restore=restore)
     report.missed.extend(sim.history)  # restored: its rounds, for those MLflow missed
     cadence = Cadence(cfg.checkpoint_every)
 
@@ -108,12 +108,12 @@ def federation(config: dict[str, Any], data: MultiDomainDataset,
             report(row)
             return
         start = time.perf_counter()
-        report.checkpoint(lambda folder: checkpoint.write(folder, sim.snapshot(),
-                                                          spec["config"]), row)
+        report.checkpoint(lambda folder: checkpoint.write(folder, sim.snapshot(), recorded),
+                          row)
         cadence.done(time.perf_counter() - start)
 
     result = sim.run(on_round)
-    result.setting = spec["setting"]
+    result.setting = fed.setting
     report.checkpoint(result.save)
 
 
@@ -122,9 +122,11 @@ def _is_result(last: tune.Checkpoint) -> bool:
         return not checkpoint.is_checkpoint(Path(folder))
 
 
-def _restored(last: tune.Checkpoint | None, spec: dict[str, Any]) -> dict[str, Any] | None:
-    """The state of the trial's last checkpoint, if Tune restarted it from one."""
+def _restored(last: tune.Checkpoint | None, recorded: dict[str, Any]
+              ) -> dict[str, Any] | None:
+    """The state of the trial's last checkpoint, if Tune restarted it from one (written for
+    the config ``recorded``)."""
     if last is None:
         return None
     with last.as_directory() as folder:
-        return checkpoint.read(Path(folder), spec["config"])
+        return checkpoint.read(Path(folder), recorded)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable
 from typing import Any
@@ -17,13 +16,8 @@ from raydg.results import FederationResult
 from raydg.tracking.tracker import Tracker
 from raydg.trials import logs
 from raydg.trials.callbacks import ACTIVE, Collector, StopOnError
-from raydg.trials.resources import trial_resources
+from raydg.trials.resources import fit_actors, trial_resources
 from raydg.trials.trial import FEDERATION, federation
-
-
-def _spec(fed: Federation) -> dict[str, Any]:
-    return {"key": fed.key, "config": dataclasses.asdict(fed.config), "setting": fed.setting,
-            "label": fed.row}
 
 
 class Interrupted(KeyboardInterrupt):
@@ -34,14 +28,16 @@ class Interrupted(KeyboardInterrupt):
         self.experiment_dir = experiment_dir
 
 
-def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset,
+def run_federations(plan: Plan, data: MultiDomainDataset,
                     weights: dict[str, dict[str, np.ndarray]], tracker: Tracker,
-                    out: Callable[[str], None], directory: str, resume: bool = False,
-                    progress: str = "lines") -> list[FederationResult]:
-    """Run every federation as a Tune trial in the experiment folder ``directory`` (as many
-    at once as the cluster holds, at most ``max_concurrent``), or, with ``resume``, continue
-    an interrupted experiment there: finished federations are not run again, unfinished ones
-    continue from their checkpoints. Their results, in the order of ``feds``.
+                    out: Callable[[str], None], directory: str, started_here: bool,
+                    resume: bool = False, progress: str = "lines") -> list[FederationResult]:
+    """Run every federation of ``plan`` as a Tune trial in the experiment folder ``directory``
+    (as many at once as the cluster holds, at most ``max_concurrent``; each with the client
+    actors that :func:`~raydg.trials.resources.fit_actors` gives it on a Ray that raydg
+    ``started_here`` or on a cluster), or, with ``resume``, continue an interrupted
+    experiment there: finished federations are not run again, unfinished ones continue from
+    their checkpoints. Their results, in the plan's order.
 
     A lost actor or node restarts a federation from its last checkpoint, up to
     ``max_failures`` times. A failure that outlasts them stops the experiment: a user error
@@ -55,6 +51,9 @@ def run_federations(plan: Plan, feds: list[Federation], data: MultiDomainDataset
     # MLflow is the one record: no CSV, JSON or TensorBoard copy per trial (tensorboardX, which
     # ray[tune] installs, would also import torch into the experiment's process)
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    say = out if progress != "none" else (lambda _: None)
+    feds = fit_actors(plan, len(data.domains) - 1, started_here, say)
+    say(plan.headline(tracker.run_id))
     collector = Collector(feds, tracker, out, progress)
     ACTIVE.update(collector=collector, stopper=StopOnError(collector))
     trainable = tune.with_resources(tune.with_parameters(federation, data=data,
@@ -83,7 +82,7 @@ def _tuner(plan: Plan, feds: list[Federation], trainable: Any, directory: str,
     cfg = plan.config
     storage, _, name = directory.rpartition("/")
     return tune.Tuner(
-        trainable, param_space={FEDERATION: tune.grid_search([_spec(f) for f in feds])},
+        trainable, param_space={FEDERATION: tune.grid_search([f.to_trial() for f in feds])},
         tune_config=tune.TuneConfig(
             max_concurrent_trials=cfg.max_concurrent, reuse_actors=cfg.reuse_actors,
             trial_name_creator=lambda t: t.config[FEDERATION]["key"],

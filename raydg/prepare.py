@@ -1,0 +1,85 @@
+"""Everything an experiment does before Ray starts: find its runtime, check the cluster, plan it
+(in a child process: the planning step imports torch), load its data, check every partition
+and the storage, load its initial weights; refuse bad input on the way, each in one line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raydg import plugins
+from raydg.cluster import check_cluster
+from raydg.config import RunConfig, Search
+from raydg.datasets import DATASETS, MultiDomainDataset, load_dataset, resolve_root
+from raydg.forked import apart
+from raydg.plan import Plan, Runtime, check_federations, runtime
+from raydg.trials.storage import check_storage, verify_checkpoints
+
+Weights = dict[str, dict[str, np.ndarray]]  # initial backbones by Federation.weights_key
+
+
+def prepare(cfg: RunConfig, search: Search | None, manifest: dict[str, Any] | None,
+            resume: str | None, say: Callable[[str], None], out: Callable[[str], None]
+            ) -> tuple[Plan, MultiDomainDataset, Weights]:
+    """The plan (planned apart, :mod:`raydg.forked`), the data and its partitions checked, the
+    initial weights, the storage checked and, resuming the experiment in ``resume`` (whose
+    ``manifest`` names its plugins), the checkpoints to continue from."""
+    where = runtime(cfg)
+    check_cluster(where.address)  # first: a cluster that cannot be joined ends it at once
+    if manifest is not None:
+        plugins.check_unchanged(cfg.plugins, manifest["plugins"])
+    plugins.load(cfg.plugins)  # here too: a plugin's dataset is loaded here
+    plan, data = apart(lambda log: _plan(cfg, search, where, log), say)
+    if data is None:
+        data = _load(plan.config, where, say)
+    for warning in check_federations(plan, data):
+        out(f"raydg: warning: {warning}")
+    weights = _starting_weights(plan, data, say)
+    check_storage(where.storage)
+    if resume:
+        verify_checkpoints(resume, plan.federations)
+    return plan, data, weights
+
+
+def _plan(cfg: RunConfig, search: Search | None, where: Runtime, say: Callable[[str], None]
+          ) -> tuple[Plan, MultiDomainDataset | None]:
+    """In :func:`~raydg.forked.apart`'s child, the planning step (its registries import torch)
+    and, for a dataset that ships with raydg (small, resized with torch), its data; the data
+    of a data root is loaded in the experiment's process (large, memory-mapped from its
+    cache)."""
+    from raydg.planning import plan_experiment
+
+    plan = plan_experiment(cfg, search, where)
+    for plugin in plan.plugins:
+        say(f"raydg: {plugin.origin}")
+    ships = resolve_root(DATASETS.get(plan.config.dataset), plan.config.data_root) is None
+    return plan, _load(plan.config, where, say) if ships else None
+
+
+def _load(base: RunConfig, where: Runtime, say: Callable[[str], None]) -> MultiDomainDataset:
+    say(f"raydg: loading {base.dataset}")
+    cache = Path(where.cache) if where.cache_images else None
+    data = load_dataset(base.dataset, base.data_root, base.image_size, base.skip_bad_images, say,
+                        cache)
+    for key, value in data.provenance.items():
+        say(f"raydg: {data.name} {key}: {value}")
+    return data
+
+
+def _starting_weights(plan: Plan, data: MultiDomainDataset, say: Callable[[str], None]
+                      ) -> Weights:
+    """Every federation's initial backbone by :attr:`~raydg.plan.Federation.weights_key`,
+    loaded (or pretrained) in :func:`~raydg.forked.apart`'s child; none for random
+    initialisations."""
+    if all(f.init is None for f in plan.federations):
+        return {}
+
+    def work(log: Callable[[str], None]) -> Weights:
+        from raydg.pretrain import starting_weights
+
+        return starting_weights(plan, data, Path(plan.runtime.cache), log)
+
+    return apart(work, say)
