@@ -85,8 +85,12 @@ def plot_curves(points: Sequence[dict[str, Any]], path: Path, title: str) -> Non
     methods = first_seen([p["method"] for p in points])
     ncol = min(3, math.ceil(math.sqrt(len(targets))))  # near square: MLflow's preview
     nrow = -(-len(targets) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow + 1.4),
-                             squeeze=False, sharey=True)
+    width = 4.2 * ncol  # inches; about 12 characters an inch at these font sizes
+    entry = max(len(m) for m in methods) * 0.075 + 0.6  # a legend entry's inches: line, text
+    columns = max(1, min(len(methods), 4, int(width // entry)))
+    legend = 0.25 * -(-len(methods) // columns)  # inches: the legend's rows below the panels
+    height = 3.2 * nrow + 1.4 + legend
+    fig, axes = plt.subplots(nrow, ncol, figsize=(width, height), squeeze=False, sharey=True)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, target in zip(axes.flat, targets, strict=False):
         for i, method in enumerate(methods):
@@ -107,16 +111,12 @@ def plot_curves(points: Sequence[dict[str, Any]], path: Path, title: str) -> Non
         ax.set_ylabel("accuracy (%)")
     for ax in axes.flat[len(targets):]:
         ax.axis("off")
-    width = 4.2 * ncol  # inches; about 12 characters an inch at these font sizes
     lines = [*textwrap.wrap(title, int(width * 12)),
              *textwrap.wrap("solid: held-out domain, dashed: source validation; mean ± std "
                             "over seeds", int(width * 12))]
     fig.suptitle("\n".join(lines), fontsize=10)
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    entry = max(len(label) for label in labels) * 0.075 + 0.6  # inches: line, gap, text
-    columns = max(1, min(len(methods), 4, int(width // entry)))
     fig.legend(handles, labels, loc="lower center", ncol=columns, fontsize=9, frameon=False)
-    legend_rows = -(-len(methods) // columns)
-    fig.tight_layout(rect=(0, 0.25 * legend_rows / (3.2 * nrow + 1.4) + 0.02, 1, 1))
+    fig.tight_layout(rect=(0, legend / height + 0.02, 1, 1))
     fig.savefig(path, dpi=100, bbox_inches="tight", pad_inches=0.1)  # never cut a title
     plt.close(fig)

@@ -186,9 +186,14 @@ def test_several_stores_are_read_as_one(tmp_path):
     assert none.exit_code == 1 and "no MLflow store matches" in none.output
 
 
-def test_a_single_panel_figure_keeps_its_title_and_legend_whole(tmp_path, monkeypatch):
-    """One target (``raydg report --dataset digits-rot --plot``'s shape with one domain): the
-    title, its subtitle and every legend entry lie inside the saved image."""
+@pytest.mark.parametrize("many", [False, True])
+def test_a_single_panel_figure_keeps_its_title_and_legend_whole(tmp_path, monkeypatch, many):
+    """One target (``raydg report --dataset digits-rot --plot``'s shape with one domain), with
+    three methods or with every training method: the title, its subtitle and every legend entry
+    lie inside the saved image, the legend below the panel's axis label, and the layout fits
+    (matplotlib warns when it cannot)."""
+    import warnings
+
     import matplotlib.figure
 
     from raydg.plots import plot_curves
@@ -205,12 +210,19 @@ def test_a_single_panel_figure_keeps_its_title_and_legend_whole(tmp_path, monkey
         kept.append([area.contains(*corner) for t in texts
                      for corner in t.get_window_extent(renderer).transformed(
                          fig.dpi_scale_trans.inverted()).corners()])
+        below = fig.legends[0].get_window_extent(renderer).y1
+        kept.append([below <= fig.axes[0].get_tightbbox(renderer).y0])
         return save(fig, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", record)
     methods = ["fedfd-a [cafl_reduction=mean adapter_lr_scale=10.0]", "fedprox [mu=0.1]",
                "fedavg+ga [step_size=0.1 metric=acc]"]
+    if many:
+        methods += [f"method-{i} [option={i}]" for i in range(10)]
     points = [{"method": m, "target": "M0", "seed": 0, "round": r, "target_acc": 50.0 + r,
                "val_acc": 60.0} for m in methods for r in (1, 2)]
-    plot_curves(points, tmp_path / "one.png", "digits-rot: " + ", ".join(methods) + " [lr=0.05]")
-    assert kept and all(kept[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "Tight layout not applied" included
+        plot_curves(points, tmp_path / "one.png",
+                    "digits-rot: " + ", ".join(methods) + " [lr=0.05]")
+    assert kept and all(all(k) for k in kept)
