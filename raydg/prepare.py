@@ -25,19 +25,20 @@ def prepare(cfg: RunConfig, search: Search | None, manifest: dict[str, Any] | No
             resume: str | None, say: Callable[[str], None], out: Callable[[str], None]
             ) -> tuple[Plan, MultiDomainDataset, Weights]:
     """The plan (planned apart, :mod:`raydg.forked`), the data and its partitions checked, the
-    initial weights, the storage checked and, resuming the experiment in ``resume`` (whose
-    ``manifest`` names its plugins), the checkpoints to continue from."""
+    initial weights (none for random initialisations), the storage checked and, resuming the
+    experiment in ``resume`` (whose ``manifest`` names its plugins), the checkpoints to
+    continue from."""
     where = runtime(cfg)
     check_cluster(where.address)  # first: a cluster that cannot be joined ends it at once
     if manifest is not None:
         plugins.check_unchanged(cfg.plugins, manifest["plugins"])
     plugins.load(cfg.plugins)  # here too: a plugin's dataset is loaded here
     plan, data = apart(lambda log: _plan(cfg, search, where, log), say)
-    if data is None:
-        data = _load(plan.config, where, say)
+    data = data if data is not None else _load(plan.config, where, say)
     for warning in check_federations(plan, data):
         out(f"raydg: warning: {warning}")
-    weights = _starting_weights(plan, data, say)
+    weights = apart(lambda log: _starting_weights(plan, data, log), say) if any(
+        f.init is not None for f in plan.federations) else {}
     check_storage(where.storage)
     if resume:
         verify_checkpoints(resume, plan.federations)
@@ -55,11 +56,15 @@ def _plan(cfg: RunConfig, search: Search | None, where: Runtime, say: Callable[[
     plan = plan_experiment(cfg, search, where)
     for plugin in plan.plugins:
         say(f"raydg: {plugin.origin}")
-    ships = resolve_root(DATASETS.get(plan.config.dataset), plan.config.data_root) is None
-    return plan, _load(plan.config, where, say) if ships else None
+    return plan, _load(plan.config, where, say, shipped_only=True)
 
 
-def _load(base: RunConfig, where: Runtime, say: Callable[[str], None]) -> MultiDomainDataset:
+def _load(base: RunConfig, where: Runtime, say: Callable[[str], None],
+          shipped_only: bool = False) -> MultiDomainDataset | None:
+    """The data; with ``shipped_only``, only that of a dataset that ships with raydg (None for
+    one from a data root)."""
+    if shipped_only and resolve_root(DATASETS.get(base.dataset), base.data_root) is not None:
+        return None
     say(f"raydg: loading {base.dataset}")
     cache = Path(where.cache) if where.cache_images else None
     data = load_dataset(base.dataset, base.data_root, base.image_size, base.skip_bad_images, say,
@@ -69,17 +74,10 @@ def _load(base: RunConfig, where: Runtime, say: Callable[[str], None]) -> MultiD
     return data
 
 
-def _starting_weights(plan: Plan, data: MultiDomainDataset, say: Callable[[str], None]
+def _starting_weights(plan: Plan, data: MultiDomainDataset, log: Callable[[str], None]
                       ) -> Weights:
-    """Every federation's initial backbone by :attr:`~raydg.plan.Federation.weights_key`,
-    loaded (or pretrained) in :func:`~raydg.forked.apart`'s child; none for random
-    initialisations."""
-    if all(f.init is None for f in plan.federations):
-        return {}
+    """In :func:`~raydg.forked.apart`'s child, every federation's initial backbone by
+    :attr:`~raydg.plan.Federation.weights_key`, loaded (or pretrained)."""
+    from raydg.pretrain import starting_weights
 
-    def work(log: Callable[[str], None]) -> Weights:
-        from raydg.pretrain import starting_weights
-
-        return starting_weights(plan, data, Path(plan.runtime.cache), log)
-
-    return apart(work, say)
+    return starting_weights(plan, data, Path(plan.runtime.cache), log)
