@@ -38,7 +38,7 @@ from raydg.config_types import (
 from raydg.errors import RaydgError, cut, quoted
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     dataset: Text = "digits-style"
     method: Text = "fedavg"
