@@ -67,7 +67,7 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
         directory = resume or experiment_dir(plan, tracker.run_id)
         on_stop.append(lambda: say_stopped(directory))
         _record(cfg, plan, data.provenance, tracker, directory, new=manifest is None)
-        runs = run_federations(plan, data, weights, tracker, out, directory, local,
+        runs = run_federations(plan, data, weights, tracker, out, say, directory, local,
                                resume=manifest is not None, progress=progress)
         summary, selection, printed = summarise(plan, runs, tracker)
         out(printed)

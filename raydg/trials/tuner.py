@@ -30,12 +30,14 @@ class Interrupted(KeyboardInterrupt):
 
 def run_federations(plan: Plan, data: MultiDomainDataset,
                     weights: dict[str, dict[str, np.ndarray]], tracker: Tracker,
-                    out: Callable[[str], None], directory: str, started_here: bool,
-                    resume: bool = False, progress: str = "lines") -> list[FederationResult]:
+                    out: Callable[[str], None], say: Callable[[str], None], directory: str,
+                    started_here: bool, resume: bool = False, progress: str = "lines"
+                    ) -> list[FederationResult]:
     """Run every federation of ``plan`` as a Tune trial in the experiment folder ``directory``
     (as many at once as the cluster holds, at most ``max_concurrent``; each with the client
     actors that :func:`~raydg.trials.resources.fit_actors` gives it on a Ray that raydg
-    ``started_here`` or on a cluster), or, with ``resume``, continue an interrupted
+    ``started_here`` or on a cluster; ``say`` takes the progress lines that ``out`` prints
+    unless ``progress`` is ``none``), or, with ``resume``, continue an interrupted
     experiment there: finished federations are not run again, unfinished ones continue from
     their checkpoints. Their results, in the plan's order.
 
@@ -51,7 +53,6 @@ def run_federations(plan: Plan, data: MultiDomainDataset,
     # MLflow is the one record: no CSV, JSON or TensorBoard copy per trial (tensorboardX, which
     # ray[tune] installs, would also import torch into the experiment's process)
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    say = out if progress != "none" else (lambda _: None)
     feds = fit_actors(plan, len(data.domains) - 1, started_here, say)
     say(plan.headline(tracker.run_id))
     collector = Collector(feds, tracker, out, progress)
