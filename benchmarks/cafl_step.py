@@ -33,7 +33,7 @@ from raydg.engine.client import ClientHost, RuntimeSpec
 from raydg.methods import method_class
 from raydg.methods.fedfd import mix_layers
 from raydg.models import ModelSpec
-from raydg.partition import make_clients
+from raydg.partition import Partition, make_clients
 from raydg.resolve import resolve
 
 RATES = np.geomspace(1e-3, 10, 41)  # the learning rates tried, 4 per factor of 10
@@ -44,8 +44,7 @@ def client_context(cfg: RunConfig, cid: int) -> tuple[Any, Any]:
     data = load_dataset(cfg.dataset, None, cfg.image_size, log=lambda _: None)
     cls = method_class(cfg.method)
     method = cls(cls.parse_options(cfg.options))
-    clients = make_clients(data, cfg.target, cfg.clients, cfg.dirichlet, cfg.val_fraction,
-                           cfg.seed, cfg.client_size)
+    clients = make_clients(data, Partition.of(cfg))
     spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
     torch.manual_seed(seeding.derive_seed(cfg.seed, seeding.MODEL_INIT))
     initial = st.to_numpy(method.build_model(spec))

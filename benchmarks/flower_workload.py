@@ -34,7 +34,7 @@ from flwr.simulation import run_simulation
 
 from raydg.datasets import load_dataset, to_inputs
 from raydg.models import ModelSpec, build_model
-from raydg.partition import make_clients
+from raydg.partition import Partition, make_clients
 
 CLIENTS, SAMPLE, ROUNDS, STEPS, BATCH, LR, MOMENTUM, SEED = 30, 10, 10, 20, 32, 0.05, 0.5, 0
 DATASET, TARGET, ALPHA, VAL_FRACTION, SIZE = "digits-style", "sketch", 0.1, 0.1, 16
@@ -45,7 +45,7 @@ START = time.perf_counter()
 def data() -> tuple:
     """The dataset and the 30 clients' shards (once per process)."""
     ds = load_dataset(DATASET, None, SIZE, log=lambda _: None)
-    return ds, make_clients(ds, TARGET, CLIENTS, ALPHA, VAL_FRACTION, SEED)
+    return ds, make_clients(ds, Partition(TARGET, CLIENTS, ALPHA, VAL_FRACTION, SEED))
 
 
 def model() -> torch.nn.Module:

@@ -60,7 +60,7 @@ from raydg.datasets import MultiDomainDataset, load_dataset
 from raydg.engine.client import ClientHost, Evaluator, RuntimeSpec
 from raydg.methods import METHODS
 from raydg.models import ModelSpec
-from raydg.partition import make_clients
+from raydg.partition import Partition, make_clients
 from raydg.resolve import resolve
 
 OVERHEAD_TARGET = 0.05
@@ -124,8 +124,7 @@ def busy_cpu_seconds() -> float:
 def run_bare(cfg: RunConfig, data: MultiDomainDataset) -> Run:
     """Simulation.run's work in this process, without Ray."""
     t0 = time.perf_counter()
-    clients = make_clients(data, cfg.target, cfg.clients, cfg.dirichlet, cfg.val_fraction,
-                           cfg.seed)
+    clients = make_clients(data, Partition.of(cfg))
     spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
     method_cls = METHODS.get(cfg.method)
     method = method_cls(method_cls.parse_options(cfg.options))

@@ -9,7 +9,9 @@ may be larger than the data. The target domain is never given to any client.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,6 +19,9 @@ from raydg import seeding
 from raydg.checkpoint import register_dataclass
 from raydg.datasets import MultiDomainDataset
 from raydg.errors import RaydgError
+
+if TYPE_CHECKING:
+    from raydg.config import RunConfig
 
 MIN_CLIENT_SAMPLES = 10
 DIRICHLET_TRIES = 1000
@@ -113,6 +118,28 @@ def train_val_split(n: int, val_fraction: float, rng: np.random.Generator):
 
 
 @dataclass(frozen=True)
+class Partition:
+    """How one federation's clients are drawn: the source domains of held-out ``target``
+    split among ``clients`` (None: one per domain), label-iid or by a Dirichlet(``dirichlet``)
+    label split, or ``client_size`` samples drawn per client; each client keeps
+    ``val_fraction`` of its shard for validation; ``seed`` draws it all. The planning step
+    gives each federation one (:attr:`raydg.plan.Federation.partition`)."""
+
+    target: str
+    clients: int | None = None
+    dirichlet: float | None = None
+    val_fraction: float = 0.1
+    seed: int = 0
+    client_size: int | None = None
+
+    @classmethod
+    def of(cls, cfg: RunConfig, **changes: Any) -> Partition:
+        """The partition of a config with one target and one seed, with ``changes``."""
+        return dataclasses.replace(cls(cfg.target, cfg.clients, cfg.dirichlet, cfg.val_fraction,
+                                       cfg.seed, cfg.client_size), **changes)
+
+
+@dataclass(frozen=True)
 class ClientPlan:
     """Which samples of which source domain a client holds (indices into that domain)."""
 
@@ -122,38 +149,33 @@ class ClientPlan:
     val: np.ndarray
 
 
-def plan_clients(data: MultiDomainDataset, target: str, num_clients: int | None,
-                 dirichlet: float | None, val_fraction: float, seed: int,
-                 client_size: int | None = None) -> list[ClientPlan]:
-    """Assign the source domains' samples to clients for one held-out ``target`` domain (split
-    among them, or drawn ``client_size`` per client).
+def plan_clients(data: MultiDomainDataset, part: Partition) -> list[ClientPlan]:
+    """Assign the source domains' samples to clients for one held-out domain (split among
+    them, or drawn ``client_size`` per client).
 
     Cheap (indices only), so an experiment can check every partition before it starts.
     """
-    data.domain(target)
-    sources = [d for d in data.domains if d.name != target]
-    counts = clients_per_domain(num_clients or len(sources), len(sources))
+    data.domain(part.target)
+    sources = [d for d in data.domains if d.name != part.target]
+    counts = clients_per_domain(part.clients or len(sources), len(sources))
     plans: list[ClientPlan] = []
     for d_index, (domain, m) in enumerate(zip(sources, counts, strict=True)):
-        rng = seeding.numpy_rng(seed, seeding.PARTITION, d_index)
-        shards = (draw_shards(domain.y, m, client_size, dirichlet, rng) if client_size
-                  else split_iid(domain.y, m, rng) if dirichlet is None
-                  else split_dirichlet(domain.y, m, dirichlet, rng))
+        rng = seeding.numpy_rng(part.seed, seeding.PARTITION, d_index)
+        shards = (draw_shards(domain.y, m, part.client_size, part.dirichlet, rng)
+                  if part.client_size else split_iid(domain.y, m, rng)
+                  if part.dirichlet is None else split_dirichlet(domain.y, m, part.dirichlet, rng))
         for shard in shards:
             cid = len(plans)
-            tr, va = train_val_split(len(shard), val_fraction,
-                                     seeding.numpy_rng(seed, seeding.SPLIT, cid))
+            tr, va = train_val_split(len(shard), part.val_fraction,
+                                     seeding.numpy_rng(part.seed, seeding.SPLIT, cid))
             plans.append(ClientPlan(cid, domain.name, shard[tr], shard[va]))
     return plans
 
 
-def make_clients(data: MultiDomainDataset, target: str, num_clients: int | None,
-                 dirichlet: float | None, val_fraction: float, seed: int,
-                 client_size: int | None = None) -> list[ClientData]:
-    """Build the source clients' shards for one held-out ``target`` domain."""
+def make_clients(data: MultiDomainDataset, part: Partition) -> list[ClientData]:
+    """Build the source clients' shards of ``part`` (:func:`plan_clients`)."""
     out = []
-    for p in plan_clients(data, target, num_clients, dirichlet, val_fraction, seed,
-                          client_size):
+    for p in plan_clients(data, part):
         d = data.domain(p.domain)
         out.append(ClientData(p.client_id, p.domain, d.x[p.train], d.y[p.train], d.x[p.val],
                               d.y[p.val]))

@@ -19,7 +19,7 @@ from typing import Any
 from raydg.config import RunConfig, Search, setting_label
 from raydg.datasets import MultiDomainDataset
 from raydg.datasets.cache import cache_root
-from raydg.partition import plan_clients
+from raydg.partition import Partition, plan_clients
 from raydg.plugins import Plugin
 from raydg.tracking.store import tracking_uri
 
@@ -79,6 +79,11 @@ class Federation:
     @property
     def seed(self) -> int:
         return self.config.seed
+
+    @property
+    def partition(self) -> Partition:
+        """How its clients are drawn (:func:`raydg.partition.make_clients`)."""
+        return Partition.of(self.config)
 
     @property
     def key(self) -> str:
@@ -162,19 +167,14 @@ def check_federations(plan: Plan, data: MultiDomainDataset) -> list[str]:
     """Refuse an impossible partition before Ray starts; warnings about the ones that are
     possible but weak (clients with too few validation images to select anything) or slow
     (a large population that validates every client every round)."""
-    partitions = {(f.target, f.seed, f.config.clients, f.config.dirichlet,
-                   f.config.val_fraction, f.config.client_size) for f in plan.federations}
     warnings = [f"{n} clients validate every round (--validate-clients all): with a population "
                 "this large the rounds wait on validation; --validate-clients sampled validates "
                 "the round's sampled clients, --validate-clients K a random K of them"
                 for n in sorted({f.config.clients for f in plan.federations
                                  if f.config.validate_clients == "all"
                                  and (f.config.clients or 0) > LARGE_POPULATION})]
-    small = []
-    for target, seed, clients, dirichlet, val_fraction, size in sorted(partitions, key=str):
-        sizes = [len(p.val) for p in plan_clients(data, target, clients, dirichlet,
-                                                  val_fraction, seed, size)]
-        small += [n for n in sizes if n < MIN_VALIDATION]
+    small = [len(p.val) for part in sorted({f.partition for f in plan.federations}, key=str)
+             for p in plan_clients(data, part) if len(p.val) < MIN_VALIDATION]
     if small:
         warnings.append(f"{len(small)} client(s) over the federations hold fewer than "
                         f"{MIN_VALIDATION} validation images (the fewest: {min(small)}): their "

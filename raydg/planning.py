@@ -56,12 +56,12 @@ def plan_experiment(cfg: RunConfig, search: Search | None = None,
     ``where``: the experiment's :func:`~raydg.plan.runtime`, if its caller found it already."""
     search = search or Search()
     plugins = load(cfg.plugins)
-    base = resolve(cfg)
-    changed = setting_label(changed_settings(base))
     settings = search.settings()
+    # the base config, then each setting's (no search: one setting, {}, the base again)
+    base, *configs = [resolve(apply(cfg, setting)) for setting in [{}, *settings]]
+    changed = setting_label(changed_settings(base))
     federations = []
-    for setting in settings:
-        resolved = _equal_compute(resolve(apply(cfg, setting)) if setting else base)
+    for setting, resolved in zip(settings, map(_equal_compute, configs), strict=True):
         federations += [
             _federation(dataclasses.replace(resolved, target=t, seeds=[s]), setting)
             for t in targets(base) for s in base.seeds]

@@ -45,13 +45,16 @@ def _method_options(cfg: RunConfig, dataset: Mapping[str, Mapping[str, Any]]
 
 def resolve(cfg: RunConfig) -> RunConfig:
     """Fill ``None`` fields from the dataset's defaults (training) and the method's paper
-    (``client_selection``), merge ``method_options`` into ``options``, validate everything."""
+    (``client_selection``), merge ``method_options`` into ``options``, validate everything:
+    refused in one line if a value is of the wrong type, out of range or names no known
+    domain, or the population does not fit this machine."""
     cfg, cls = _filled(cfg)
     if cls.needs_batchnorm and not has_batchnorm(cfg.model):  # the others built on error only
         raise RaydgError(f"{method_label(cfg)} acts on BatchNorm layers and model {cfg.model} "
                          "has none; choose a model with BatchNorm "
                          f"({', '.join(filter(has_batchnorm, MODELS.names()))})")
-    validate(cfg)
+    check(cfg)  # every value's type and range
+    _check_federation(cfg)
     return cfg
 
 
@@ -88,15 +91,9 @@ def _check(ok: bool, message: str) -> None:
         raise RaydgError(message)
 
 
-def validate(cfg: RunConfig) -> None:
-    """Refuse a config whose values are of the wrong type, out of range or name no known
-    domain; a population this machine cannot hold."""
-    check(cfg)
-    _check_federation(cfg)
-
-
 def _check_federation(cfg: RunConfig) -> None:
-    """The held-out domain, the seeds, the clients and their validation split."""
+    """Refuse a held-out domain that is not the dataset's, clients that cannot be drawn and a
+    population this machine cannot hold."""
     spec = DATASETS.get(cfg.dataset)
     _check(cfg.target == "all" or cfg.target in spec.domains,
            f"unknown target domain {cfg.target!r} for {spec.name}; "

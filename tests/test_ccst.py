@@ -17,7 +17,7 @@ from raydg.labels import method_label
 from raydg.methods import METHODS, method_class
 from raydg.methods.ccst import PixelCoder, StyleTransfer, VGGCoder, _convs, adain, augment
 from raydg.models import ModelSpec
-from raydg.partition import ClientData, make_clients
+from raydg.partition import ClientData, Partition, make_clients
 from tests.conftest import tiny_config
 
 PIXEL = StyleTransfer(PixelCoder(), torch.device("cpu"), None)
@@ -124,7 +124,7 @@ def _augmented_host(name: str, k: int = 2):
     base, _, aug = name.partition("+")
     cfg = tiny_config(method=base, augment=aug or None, local_steps=1, options={"k": k})
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)
+    clients = make_clients(data, Partition.of(cfg))
     cls = method_class(cfg.method, cfg.augment)
     method = cls(cls.parse_options(cfg.options))
     spec = ModelSpec(cfg.model, 3, 10, cfg.image_size)
@@ -235,7 +235,7 @@ class _Counts(METHODS.get("fedavg")):
 def test_the_base_methods_own_phases_see_the_augmented_data():
     cfg = tiny_config(method="ccst", local_steps=1, options={"k": 2})
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)
+    clients = make_clients(data, Partition.of(cfg))
     ccst = METHODS.get("ccst")
     composed = type("CountsCCST", (ccst, _Counts), {"name": "counts+ccst"})
     method = composed(ccst.parse_options(cfg.options))

@@ -25,7 +25,7 @@ from raydg.methods.csac import (
     tapped,
 )
 from raydg.models import ModelSpec
-from raydg.partition import make_clients
+from raydg.partition import Partition, make_clients
 from raydg.plots import plot
 from tests.conftest import tiny_config
 
@@ -163,7 +163,7 @@ def _host(**options):
     cfg = tiny_config(dataset="digits-rot", target="M75", method="csac", local_steps=3,
                       options={"acquire_steps": 4, **options})
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)[:2]
+    clients = make_clients(data, Partition.of(cfg))[:2]
     method = _method(**cfg.options)
     spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
     torch.manual_seed(0)

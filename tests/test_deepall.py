@@ -13,7 +13,7 @@ from raydg.errors import RaydgError
 from raydg.methods import METHODS
 from raydg.methods.deepall import DeepAll
 from raydg.models import ModelSpec
-from raydg.partition import make_clients
+from raydg.partition import Partition, make_clients
 from tests.conftest import tiny_config
 
 
@@ -24,7 +24,7 @@ def _rows(x: np.ndarray, y: np.ndarray) -> list[bytes]:
 def test_pooling_keeps_every_training_and_validation_sample():
     cfg = tiny_config(clients=6)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    clients = make_clients(data, cfg.target, 6, None, cfg.val_fraction, cfg.seed)
+    clients = make_clients(data, Partition.of(cfg))
     method = DeepAll(DeepAll.parse_options({}))
     (pooled,) = method.arrange_clients(clients, cfg)
     assert pooled.client_id == 0 and pooled.domain == "plain+colour-inverted+texture"
@@ -38,8 +38,7 @@ def test_a_step_draws_multiplier_batches_and_counts_them():
     cfg = tiny_config(local_steps=3, batch_size=8, client_selection=False)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     method = DeepAll(DeepAll.parse_options({"batch_multiplier": 2}))
-    (pooled,) = method.arrange_clients(make_clients(data, cfg.target, None, None,
-                                                    cfg.val_fraction, cfg.seed), cfg)
+    (pooled,) = method.arrange_clients(make_clients(data, Partition.of(cfg)), cfg)
     seen = []
     train_step = method.train_step
     method.train_step = lambda ctx, x, y: (seen.append(len(y)), train_step(ctx, x, y))[1]

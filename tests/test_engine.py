@@ -19,7 +19,7 @@ from raydg.engine.actors import balanced_groups
 from raydg.engine.client import ClientHost, RuntimeSpec, on_host
 from raydg.methods import Method, method_class
 from raydg.models import ModelSpec
-from raydg.partition import make_clients, plan_clients
+from raydg.partition import Partition, make_clients, plan_clients
 from raydg.results import round_summaries, steps_per_client, timing_free
 from tests.conftest import tiny_config
 
@@ -36,7 +36,7 @@ def _run(**overrides):
 def _seed_forcing_a_move() -> int:
     data = load_dataset("digits-style", None, None)
     for seed in range(100):
-        plans = plan_clients(data, "sketch", 9, None, 0.1, seed)
+        plans = plan_clients(data, Partition("sketch", 9, None, 0.1, seed))
         homes = balanced_groups({p.client_id: len(p.train) for p in plans}, 2)
         first = seeding.numpy_rng(seed, seeding.SAMPLING).choice(9, size=2, replace=False)
         if any(set(first.tolist()) <= set(g) for g in homes):
@@ -155,7 +155,7 @@ def test_one_off_exchange_through_client_phases_is_ledgered():
     sim = simulation(cfg, data, log=lambda _: None, method=_Exchange())
     result = sim.run()
     sums = {c.client_id: float(c.train_y.sum())
-            for c in make_clients(data, cfg.target, 4, None, cfg.val_fraction, cfg.seed)}
+            for c in make_clients(data, Partition.of(cfg))}
     assert result.history[0]["bank_total"] == sum(sums.values())
     setup = [r for r in result.tables["ledger"] if r["round"] == 0]
     assert {(r["client"], r["direction"], r["kind"], r["bytes"]) for r in setup} == (
@@ -280,8 +280,7 @@ def test_the_guard_names_the_round_and_the_term_that_exploded():
 def _per_client_val(result, cfg) -> dict[int, float]:
     """Every client's validation accuracy under the final global model, in this process."""
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    shards = make_clients(data, cfg.target, cfg.clients, cfg.dirichlet, cfg.val_fraction,
-                          cfg.seed)
+    shards = make_clients(data, Partition.of(cfg))
     method = method_class("fedavg", None)()
     spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
     host = ClientHost(RuntimeSpec(method, cfg, spec, data.mean, data.std), shards)

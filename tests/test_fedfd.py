@@ -16,7 +16,7 @@ from raydg.engine.client import ClientHost, RuntimeSpec
 from raydg.methods import METHODS
 from raydg.methods.fedfd import MixBN, bn_mode, mix_layers, set_reference
 from raydg.models import ModelSpec
-from raydg.partition import make_clients
+from raydg.partition import Partition, make_clients
 from tests.conftest import tiny_config
 
 EPS = 1e-5
@@ -147,7 +147,7 @@ def test_cacl_updates_only_the_classifier():
 def _host(method_name, **options):
     cfg = tiny_config(method=method_name, local_steps=3, options=options)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)
+    clients = make_clients(data, Partition.of(cfg))
     spec = ModelSpec(cfg.model, data.channels, 10, cfg.image_size)
     method = _fedfd(method_name, **options)
     return ClientHost(RuntimeSpec(method, cfg, spec, data.mean, data.std), clients), method, spec

@@ -19,7 +19,7 @@ from raydg.errors import RaydgError
 from raydg.methods import METHODS, ClientContext, method_class
 from raydg.methods.fedsr import PREDICT_SEED, FedSR, GaussianNet, cmi_term
 from raydg.models import ModelSpec
-from raydg.partition import make_clients
+from raydg.partition import Partition, make_clients
 from tests.conftest import tiny_config
 
 SPEC = ModelSpec("cnn", 3, 10, 16)
@@ -199,8 +199,7 @@ def test_tiny_federation_logs_regularisers_and_reproduces_elsewhere(dataset, tar
     # validation and the driver's target evaluation
     method = _method(z_dim=16, samples=4)
     spec = ModelSpec(cfg.model, data.channels, len(data.classes), cfg.image_size)
-    clients = make_clients(data, target, cfg.clients, cfg.dirichlet, cfg.val_fraction,
-                           cfg.seed, cfg.client_size)
+    clients = make_clients(data, Partition.of(cfg))
     rt = RuntimeSpec(method, cfg, spec, data.mean, data.std)
     validation, _ = ClientHost(rt, clients).validate(result.global_state, with_local=False)
     assert np.mean([validation[c]["val_acc"] for c in sorted(validation)]) == rows[-1][

@@ -13,7 +13,7 @@ from raydg.engine.client import ClientHost, RuntimeSpec
 from raydg.methods import METHODS
 from raydg.methods.gperxan import IBN, XAN
 from raydg.models import ModelSpec, bn_layers
-from raydg.partition import make_clients
+from raydg.partition import Partition, make_clients
 from tests.conftest import tiny_config
 
 SPEC = ModelSpec("cnn", 3, 10, 16)
@@ -70,7 +70,7 @@ def test_on_one_by_one_maps_the_in_side_is_its_bias_as_the_definition_gives():
 def _round_two_views(name="gperxan", **options):
     cfg = tiny_config(method=name, local_steps=4)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)[:2]
+    clients = make_clients(data, Partition.of(cfg))[:2]
     method = _method(name, **options)
     host = ClientHost(RuntimeSpec(method, cfg, SPEC, data.mean, data.std), clients)
     torch.manual_seed(0)

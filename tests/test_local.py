@@ -13,7 +13,7 @@ from raydg.engine.client import ClientHost, RuntimeSpec
 from raydg.methods import METHODS, Method
 from raydg.methods.local import Local
 from raydg.models import ModelSpec
-from raydg.partition import make_clients
+from raydg.partition import Partition, make_clients
 from tests.conftest import tiny_config
 
 
@@ -25,7 +25,7 @@ class OneClientServer:
 def test_each_member_is_its_client_trained_alone():
     cfg = tiny_config(local_steps=3, client_selection=False)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)
+    clients = make_clients(data, Partition.of(cfg))
     spec = ModelSpec(cfg.model, data.channels, 10, cfg.image_size)
     local = Local()
     local.arrange_clients(clients, cfg)

@@ -12,7 +12,7 @@ from raydg.datasets import load_dataset
 from raydg.engine.client import ClientHost, RuntimeSpec
 from raydg.methods import METHODS
 from raydg.models import ModelSpec
-from raydg.partition import make_clients
+from raydg.partition import Partition, make_clients
 from tests.conftest import tiny_config
 
 BN_SUFFIXES = ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")
@@ -28,7 +28,7 @@ def _two_rounds(method: str):
     """Train two clients for a round, aggregate, and load round 2's view of each client."""
     cfg = tiny_config(method=method)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
-    clients = make_clients(data, cfg.target, 2 * 3, None, cfg.val_fraction, cfg.seed)[:2]
+    clients = make_clients(data, Partition.of(cfg, clients=2 * 3))[:2]
     spec = ModelSpec(cfg.model, data.channels, 10, cfg.image_size)
     method_cls = METHODS.get(method)
     host = ClientHost(RuntimeSpec(method_cls(), cfg, spec, data.mean, data.std), clients)

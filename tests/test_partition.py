@@ -10,6 +10,7 @@ import pytest
 from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.partition import (
+    Partition,
     clients_per_domain,
     draw_shards,
     make_clients,
@@ -79,7 +80,7 @@ def test_drawn_clients_hold_distinct_samples_and_may_outnumber_the_data(alpha):
 
 def test_ten_thousand_drawn_clients_keep_to_their_source_domains():
     data = load_dataset("digits-style", None, None)
-    clients = make_clients(data, "sketch", 10_000, 0.1, 0.1, seed=0, client_size=20)
+    clients = make_clients(data, Partition("sketch", 10_000, 0.1, 0.1, seed=0, client_size=20))
     assert len(clients) == 10_000 and [c.client_id for c in clients] == list(range(10_000))
     assert {c.domain for c in clients} == {"plain", "colour-inverted", "texture"}
     assert all(len(c.train_y) + len(c.val_y) == 20 for c in clients)
@@ -112,7 +113,7 @@ def _hashes(x: np.ndarray, y: np.ndarray) -> list[str]:
 @pytest.mark.parametrize(("dataset", "target"), [("digits-style", "sketch"), ("digits-rot", "M0")])
 def test_no_target_sample_reaches_a_client(dataset, target):
     data = load_dataset(dataset, None, None)
-    clients = make_clients(data, target, 10, 0.5, 0.1, seed=3)
+    clients = make_clients(data, Partition(target, 10, 0.5, 0.1, seed=3))
     target_hashes = set(_hashes(data.domain(target).x, data.domain(target).y))
     seen: list[str] = []
     for c in clients:

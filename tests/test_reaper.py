@@ -11,20 +11,20 @@ import psutil
 from raydg import reaper
 
 
-def _reapers() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children()
-            if "raydg.reaper" in " ".join(p.cmdline())]
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children()}
 
 
 def test_ending_a_watch_ends_what_is_left_and_the_reaper_itself():
-    before = _reapers()
+    before = _children()
     left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         end = reaper.watch()  # watches ``left``, as it watches a Ray's processes
-        (started,) = [p for p in _reapers() if p not in before]
+        # known by its pid: until it has exec'd, a new child's command line is still ours
+        (started,) = [psutil.Process(pid) for pid in _children() - before - {left.pid}]
         assert left.poll() is None and started.is_running()
         end()  # as after ray.shutdown(): what is left of it goes, and the reaper with it
         assert left.wait(timeout=30) == -9
-        assert not started.is_running() and _reapers() == before
+        assert not started.is_running() and _children() == before
     finally:
         left.kill()

@@ -64,7 +64,7 @@ def test_train_transform_is_validated_and_reaches_training_batches():
     from raydg.engine.client import ClientHost, RuntimeSpec
     from raydg.methods import METHODS
     from raydg.models import ModelSpec
-    from raydg.partition import make_clients
+    from raydg.partition import Partition, make_clients
 
     with pytest.raises(RaydgError, match="train_transform"):
         tiny_config(train_transform="jitter")
@@ -72,7 +72,7 @@ def test_train_transform_is_validated_and_reaches_training_batches():
     for name in ("none", "domainbed"):
         cfg = tiny_config(train_transform=name)
         data = load_dataset(cfg.dataset, None, cfg.image_size)
-        clients = make_clients(data, cfg.target, None, None, cfg.val_fraction, cfg.seed)[:1]
+        clients = make_clients(data, Partition.of(cfg))[:1]
         host = ClientHost(RuntimeSpec(METHODS.get("fedavg")(), cfg, ModelSpec("cnn", 3, 10, 16),
                                       data.mean, data.std), clients)
         ctx = host._context(0, 1, {k: v.detach().numpy() for k, v in

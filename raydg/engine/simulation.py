@@ -61,9 +61,7 @@ class Simulation:
         self.label = fed.row
         self.log = log
         self.method = method
-        clients = method.arrange_clients(make_clients(
-            data, cfg.target, cfg.clients, cfg.dirichlet, cfg.val_fraction, cfg.seed,
-            cfg.client_size), cfg)
+        clients = method.arrange_clients(make_clients(data, fed.partition), cfg)
         self.client_ids = [c.client_id for c in clients]
         self.num_samples = {c.client_id: c.num_train for c in clients}
         self.domains = {c.client_id: c.domain for c in clients}
