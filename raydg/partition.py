@@ -161,9 +161,12 @@ def plan_clients(data: MultiDomainDataset, part: Partition) -> list[ClientPlan]:
     plans: list[ClientPlan] = []
     for d_index, (domain, m) in enumerate(zip(sources, counts, strict=True)):
         rng = seeding.numpy_rng(part.seed, seeding.PARTITION, d_index)
-        shards = (draw_shards(domain.y, m, part.client_size, part.dirichlet, rng)
-                  if part.client_size else split_iid(domain.y, m, rng)
-                  if part.dirichlet is None else split_dirichlet(domain.y, m, part.dirichlet, rng))
+        if part.client_size:
+            shards = draw_shards(domain.y, m, part.client_size, part.dirichlet, rng)
+        elif part.dirichlet is None:
+            shards = split_iid(domain.y, m, rng)
+        else:
+            shards = split_dirichlet(domain.y, m, part.dirichlet, rng)
         for shard in shards:
             cid = len(plans)
             tr, va = train_val_split(len(shard), part.val_fraction,
