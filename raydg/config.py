@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import itertools
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_type_hints
 
 import numpy as np
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import Field
 
 from raydg.config_files import FILE_SCHEMA, load_text
 from raydg.config_types import (
-    STRICT,
     Count,
     LrSchedule,
     NonNegative,
@@ -32,8 +30,8 @@ from raydg.config_types import (
     Text,
     TrainTransform,
     ValidateClients,
+    adapter,
     checked,
-    refusal,
 )
 from raydg.errors import RaydgError, cut, quoted
 
@@ -125,29 +123,24 @@ class RunConfig:
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 
 
-@functools.cache
-def _adapter(key: str) -> TypeAdapter:
-    return TypeAdapter(get_type_hints(RunConfig, include_extras=True)[key], config=STRICT)
+TYPES = get_type_hints(RunConfig, include_extras=True)  # each key's type, checked strictly
 
 
 def schema() -> dict[str, Any]:
     """The JSON Schema of a config file (``raydg schema``; ``docs/config.schema.json``, for
     editors): every key's type and default, and the file's own sections."""
     defaults = RunConfig()
-    keys = {f.name: {**_adapter(f.name).json_schema(), "default": getattr(defaults, f.name)}
-            for f in dataclasses.fields(defaults)}
+    keys = {f.name: {**adapter(TYPES[f.name]).json_schema(),
+                     "default": getattr(defaults, f.name)} for f in dataclasses.fields(defaults)}
     return {"$schema": "https://json-schema.org/draft/2020-12/schema",
             "title": "raydg config file", "type": "object", "additionalProperties": False,
             "properties": {**keys, **FILE_SCHEMA}}
 
 
 def _coerce(key: str, value: Any) -> Any:
-    """``value`` checked against config key ``key``'s type (:data:`STRICT`); refused in one
+    """``value`` checked against config key ``key``'s type (:data:`TYPES`); refused in one
     line that names the key, the expected type and the value."""
-    try:
-        return _adapter(key).validate_python(value)
-    except ValidationError as err:
-        raise refusal(key, _adapter(key).json_schema(), err) from None
+    return checked(key, TYPES[key], value)
 
 
 def check(cfg: RunConfig) -> None:

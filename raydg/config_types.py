@@ -4,6 +4,7 @@ value one of them refuses is said: in one line that names the key, what it takes
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Annotated, Any, Literal
 
@@ -29,14 +30,19 @@ ValidateClients = Annotated[str, Field(strict=False, pattern=r"^(all|sampled|[1-
 STRICT = ConfigDict(strict=True, allow_inf_nan=False, coerce_numbers_to_str=True)
 
 
+@functools.cache
+def adapter(kind: Any) -> TypeAdapter:
+    """The strict (:data:`STRICT`) validator of type ``kind``, made once."""
+    return TypeAdapter(kind, config=STRICT)
+
+
 def checked(where: str, kind: Any, value: Any, what: str = "config key") -> Any:
-    """``value`` checked against the type ``kind`` (:data:`STRICT`), refused as
-    :func:`refusal` says (``where``: the key, ``what`` it is)."""
-    adapter = TypeAdapter(kind, config=STRICT)
+    """``value`` checked against the type ``kind``, refused as :func:`refusal` says
+    (``where``: the key, ``what`` it is)."""
     try:
-        return adapter.validate_python(value)
+        return adapter(kind).validate_python(value)
     except ValidationError as err:
-        raise refusal(where, adapter.json_schema(), err, what) from None
+        raise refusal(where, adapter(kind).json_schema(), err, what) from None
 
 
 def refusal(key: str, spec: dict[str, Any], err: ValidationError, what: str = "config key"
