@@ -49,11 +49,12 @@ def _equal_compute(cfg: RunConfig) -> RunConfig:
 
 
 def plan_experiment(cfg: RunConfig, search: Search | None = None,
-                    where: Runtime | None = None) -> Plan:
+                    where: Runtime | None = None, method: Method | None = None) -> Plan:
     """Resolve ``cfg`` and each setting of ``search``; one federation per (setting, target,
     seed), in that order. Every setting is resolved here, so a bad value in any of them is
     refused before anything starts. The plugins are loaded first: their names resolve too.
-    ``where``: the experiment's :func:`~raydg.plan.runtime`, if its caller found it already."""
+    ``where``: the experiment's :func:`~raydg.plan.runtime`, if its caller found it already;
+    ``method``: an instance that runs instead of ``cfg.method`` (:func:`federation`)."""
     search = search or Search()
     plugins = load(cfg.plugins)
     settings = search.settings()
@@ -63,7 +64,7 @@ def plan_experiment(cfg: RunConfig, search: Search | None = None,
     federations = []
     for setting, resolved in zip(settings, map(_equal_compute, configs), strict=True):
         federations += [
-            _federation(dataclasses.replace(resolved, target=t, seeds=[s]), setting)
+            _federation(dataclasses.replace(resolved, target=t, seeds=[s]), setting, method)
             for t in targets(base) for s in base.seeds]
     keys = [f.key for f in federations]
     if len(set(keys)) < len(keys):
@@ -72,19 +73,18 @@ def plan_experiment(cfg: RunConfig, search: Search | None = None,
     return Plan(base, search, settings, federations, changed, where or runtime(cfg), plugins)
 
 
-def _federation(cfg: RunConfig, setting: dict[str, Any], method: Method | None = None
-                ) -> Federation:
+def _federation(cfg: RunConfig, setting: dict[str, Any], method: Method | None) -> Federation:
     return Federation(cfg, setting, *labels(cfg, method, setting), init_weights(cfg))
 
 
 def federation(cfg: RunConfig, target: str | None = None, seed: int | None = None,
                method: Method | None = None) -> Federation:
-    """One federation of ``cfg`` (its ``target`` and first seed unless given), planned as
-    :func:`plan_experiment` plans each; ``method``: an instance that runs instead of
-    ``cfg.method`` (one not registered, e.g. defined in a notebook)."""
-    resolved = _equal_compute(resolve(cfg))
-    target = target or resolved.target
-    if target == "all":
+    """One federation of ``cfg`` (its ``target`` and first seed unless given), planned by
+    :func:`plan_experiment`; ``method``: an instance that runs instead of ``cfg.method`` (one
+    not registered, e.g. defined in a notebook)."""
+    one = dataclasses.replace(cfg, target=target or cfg.target,
+                              seeds=cfg.seeds[:1] if seed is None else [seed])
+    if one.target == "all":
         raise RaydgError("a federation holds out one domain: name its target")
-    seeds = [resolved.seed if seed is None else seed]
-    return _federation(dataclasses.replace(resolved, target=target, seeds=seeds), {}, method)
+    (fed,) = plan_experiment(one, method=method).federations
+    return fed
