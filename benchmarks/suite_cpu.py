@@ -35,10 +35,13 @@ OUT_ENV = "RAYDG_SUITE_CPU_OUT"
 
 def _group(name: str) -> Path:
     """A new cgroup for this process (and what it starts): its folder."""
-    root = V1 if V1.is_dir() else V2
-    folder = root / name
-    folder.mkdir(exist_ok=True)
-    (folder / "cgroup.procs").write_text(str(os.getpid()))
+    folder = (V1 if V1.is_dir() else V2) / name
+    try:
+        folder.mkdir(exist_ok=True)
+        (folder / "cgroup.procs").write_text(str(os.getpid()))
+    except OSError as err:
+        raise pytest.UsageError(f"suite_cpu: cannot make the cgroup {folder} ({err}); it needs "
+                                "the right to make one (root, or a delegated cgroup)") from None
     return folder
 
 
