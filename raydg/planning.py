@@ -58,9 +58,9 @@ def plan_experiment(cfg: RunConfig, search: Search | None = None,
     search = search or Search()
     plugins = load(cfg.plugins)
     settings = search.settings()
-    # the base config, then each setting's (no search: one setting, {}, the base again)
-    base, *configs = [resolve(apply(cfg, setting)) for setting in [{}, *settings]]
+    base = resolve(cfg)
     changed = setting_label(changed_settings(base))
+    configs = [resolve(apply(cfg, setting)) if setting else base for setting in settings]
     federations = []
     for setting, resolved in zip(settings, map(_equal_compute, configs), strict=True):
         federations += [
