@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from raydg.config import RunConfig, Search, setting_label
-from raydg.datasets import MultiDomainDataset
+from raydg.datasets import DataSpec, MultiDomainDataset
 from raydg.datasets.cache import cache_root
 from raydg.partition import Partition, plan_clients
 from raydg.plugins import Plugin
@@ -123,6 +123,7 @@ class Plan:
     federations: list[Federation]
     changed: str  # the settings off the defaults: ``clients=12 dirichlet=0.5``
     runtime: Runtime
+    data: DataSpec  # the data every federation shares
     plugins: list[Plugin] = dataclasses.field(default_factory=list)
 
     @property

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from raydg.config import RunConfig, Search, apply, setting_label
-from raydg.datasets import DATASETS
+from raydg.datasets import DATASETS, DataSpec
 from raydg.errors import RaydgError
 from raydg.labels import labels
 from raydg.methods import METHODS, Method
@@ -70,7 +70,10 @@ def plan_experiment(cfg: RunConfig, search: Search | None = None,
     if len(set(keys)) < len(keys):
         twice = sorted({k for k in keys if keys.count(k) > 1})
         raise RaydgError(f"the search repeats a setting: {', '.join(twice[:3])}")
-    return Plan(base, search, settings, federations, changed, where or runtime(cfg), plugins)
+    where = where or runtime(cfg)
+    data = DataSpec(base.dataset, base.data_root, base.image_size, base.skip_bad_images,
+                    where.cache if where.cache_images else None)
+    return Plan(base, search, settings, federations, changed, where, data, plugins)
 
 
 def _federation(cfg: RunConfig, setting: dict[str, Any], method: Method | None) -> Federation:

@@ -13,7 +13,7 @@ import numpy as np
 from raydg import plugins
 from raydg.cluster import check_cluster
 from raydg.config import RunConfig, Search
-from raydg.datasets import DATASETS, MultiDomainDataset, load_dataset, resolve_root
+from raydg.datasets import MultiDomainDataset
 from raydg.forked import apart
 from raydg.plan import Plan, Runtime, check_federations, runtime
 from raydg.trials.storage import check_storage, verify_checkpoints
@@ -34,7 +34,7 @@ def prepare(cfg: RunConfig, search: Search | None, manifest: dict[str, Any] | No
         plugins.check_unchanged(cfg.plugins, manifest["plugins"])
     plugins.load(cfg.plugins)  # here too: a plugin's dataset is loaded here
     plan, data = apart(lambda log: _plan(cfg, search, where, log), say)
-    data = data if data is not None else _load(plan.config, where, say)
+    data = data if data is not None else plan.data.load(say)
     for warning in check_federations(plan, data):
         out(f"raydg: warning: {warning}")
     weights = apart(lambda log: _starting_weights(plan, data, log), say) if any(
@@ -56,22 +56,7 @@ def _plan(cfg: RunConfig, search: Search | None, where: Runtime, say: Callable[[
     plan = plan_experiment(cfg, search, where)
     for plugin in plan.plugins:
         say(f"raydg: {plugin.origin}")
-    return plan, _load(plan.config, where, say, shipped_only=True)
-
-
-def _load(base: RunConfig, where: Runtime, say: Callable[[str], None],
-          shipped_only: bool = False) -> MultiDomainDataset | None:
-    """The data; with ``shipped_only``, only that of a dataset that ships with raydg (None for
-    one from a data root)."""
-    if shipped_only and resolve_root(DATASETS.get(base.dataset), base.data_root) is not None:
-        return None
-    say(f"raydg: loading {base.dataset}")
-    cache = Path(where.cache) if where.cache_images else None
-    data = load_dataset(base.dataset, base.data_root, base.image_size, base.skip_bad_images, say,
-                        cache)
-    for key, value in data.provenance.items():
-        say(f"raydg: {data.name} {key}: {value}")
-    return data
+    return plan, plan.data.load(say) if plan.data.shipped else None
 
 
 def _starting_weights(plan: Plan, data: MultiDomainDataset, log: Callable[[str], None]

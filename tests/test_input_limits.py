@@ -118,19 +118,20 @@ def test_set_values_are_parsed_and_refused_as_config_files_are(tmp_path):
 
 
 def refused_before(monkeypatch, *names: str) -> None:
-    """Make each named step of an experiment (``_load``: the data, ``check_federations``:
-    every partition planned, both :mod:`raydg.prepare`'s; ``ray_session``: Ray, in
-    :mod:`raydg.session`) fail the test if it runs, in the planning child too (forked from
-    this process)."""
+    """Make each named step of an experiment (``load``: the data, :class:`DataSpec`'s;
+    ``check_federations``: every partition planned, :mod:`raydg.prepare`'s; ``ray_session``:
+    Ray, :mod:`raydg.session`'s) fail the test if it runs, in the planning child too (forked
+    from this process)."""
     import raydg.prepare
     import raydg.session
+    from raydg.datasets import DataSpec
 
     def ran(*_args, **_kwargs):
         raise AssertionError("bad input reached work it should have been refused before")
 
+    owners = {"load": DataSpec, "ray_session": raydg.session}
     for name in names:
-        module = raydg.session if name == "ray_session" else raydg.prepare
-        monkeypatch.setattr(module, name, ran)
+        monkeypatch.setattr(owners.get(name, raydg.prepare), name, ran)
 
 
 def test_a_population_beyond_memory_is_refused_before_loading_or_planning(monkeypatch):
@@ -139,7 +140,7 @@ def test_a_population_beyond_memory_is_refused_before_loading_or_planning(monkey
             resolve(RunConfig(dataset="digits-style", clients=10**9,
                               client_size=int(args[1]) if args else None))
         assert "--clients 1000000000" in str(err.value) and "available here" in str(err.value)
-    refused_before(monkeypatch, "_load", "check_federations", "ray_session")
+    refused_before(monkeypatch, "load", "check_federations", "ray_session")
     line = one_error_line(CliRunner().invoke(cli, [
         "run", "digits-style", "--target", "sketch", "--rounds", "1", "--clients", "1000000000",
         "--client-size", "10"]))
@@ -162,7 +163,7 @@ def test_seeds_are_bounded_by_what_every_library_takes(tmp_path, monkeypatch):
     seeding.numpy_rng(top, 1).integers(2)
     torch.manual_seed(seeding.derive_seed(top, 1))
     assert resolve(RunConfig(dataset="digits-style", seeds=[0, top])).seeds == [0, top]
-    refused_before(monkeypatch, "_load", "ray_session")
+    refused_before(monkeypatch, "load", "ray_session")
     for seed in (str(10**30), "-1", str(top + 1)):
         line = one_error_line(CliRunner().invoke(cli, [
             "run", "digits-style", "--target", "sketch", "--seed", seed]))

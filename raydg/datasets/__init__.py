@@ -182,6 +182,34 @@ def load_dataset(name: str, data_root: str | None, image_size: int | None,
     return data
 
 
+@dataclass(frozen=True)
+class DataSpec:
+    """Which data an experiment loads, as its planning step resolved it: the dataset's name,
+    its data root (None: ``$RAYDG_DATA_ROOT``, or none for an embedded dataset), the image
+    size (None: the dataset's default), whether unreadable images are skipped, and the folder
+    that image files are decoded into once (None: no cache)."""
+
+    dataset: str
+    root: str | None = None
+    image_size: int | None = None
+    skip_bad_images: bool = False
+    cache: str | None = None
+
+    @property
+    def shipped(self) -> bool:
+        """Whether it ships with raydg (small, made in memory) rather than read from a root."""
+        return resolve_root(DATASETS.get(self.dataset), self.root) is None
+
+    def load(self, log: Callable[[str], None] = print) -> MultiDomainDataset:
+        """The data (:func:`load_dataset`), its provenance said."""
+        log(f"raydg: loading {self.dataset}")
+        data = load_dataset(self.dataset, self.root, self.image_size, self.skip_bad_images, log,
+                            None if self.cache is None else Path(self.cache))
+        for key, value in data.provenance.items():
+            log(f"raydg: {data.name} {key}: {value}")
+        return data
+
+
 def images_fingerprint(data: MultiDomainDataset) -> str:
     """SHA-256 (first 16 hex digits) of the classes, and of every domain's name, uint8 images
     and int64 labels, in order: equal for the same images, whatever source they came from."""
