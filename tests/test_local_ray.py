@@ -47,6 +47,9 @@ def test_a_fresh_local_ray_runs_what_raydg_uses_and_works():
     patched = (node.Node.__init__, node.Node.start_api_server)
     with ray_session(None, say=pytest.fail):
         assert _running() == set(NEEDED), _running()
+        # no idle workers for the first driver (raydg's trials never took them)
+        config = ray._private.worker._global_node._ray_params._system_config
+        assert config["prestart_worker_first_driver"] is False
         group = ray.util.placement_group([{"CPU": 1}, {"CPU": 1}])
         ray.get(group.ready())
         strategy = ray.util.scheduling_strategies.PlacementGroupSchedulingStrategy(group)
