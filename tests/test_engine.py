@@ -33,6 +33,12 @@ def _run(**overrides):
     return sim, sim.run()
 
 
+@pytest.fixture(scope="module")
+def learning():
+    """A 3-round tiny federation that learns: what several tests check, run once."""
+    return _run(rounds=3)[1]
+
+
 def _seed_forcing_a_move() -> int:
     data = load_dataset("digits-style", None, None)
     for seed in range(100):
@@ -106,8 +112,8 @@ def test_sampling_and_ledger():
     assert [r["client"] for r in again.tables["ledger"]] == [r["client"] for r in ledger]
 
 
-def test_selected_round_has_best_mean_source_validation():
-    _, result = _run(rounds=3)
+def test_selected_round_has_best_mean_source_validation(learning):
+    result = learning
     vals = [r["val_acc"] for r in result.history]
     assert result.selected_round == 1 + int(np.argmax(vals))
     assert result.selected["global"] == result.history[result.selected_round - 1]["target_acc"]
@@ -224,7 +230,7 @@ def test_step_values_are_read_back_once_as_the_floats_of_one_read_per_step():
 
 
 @pytest.mark.slow
-def test_a_run_stuck_at_chance_says_so_once():
+def test_a_run_stuck_at_chance_says_so_once(learning):
     cfg = tiny_config(rounds=4)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     lines: list[str] = []
@@ -234,12 +240,11 @@ def test_a_run_stuck_at_chance_says_so_once():
     warnings = [line for line in lines if line.startswith("warning:")]
     assert len(warnings) == 1 and "ln(10) = 2.303 for 3 rounds" in warnings[0]
     assert result.tables["collapse"][0]["round"] == 3
-    _, learning = _run(rounds=3)  # a run that learns is not flagged
-    assert "collapse" not in learning.tables
+    assert "collapse" not in learning.tables  # a run that learns is not flagged
 
 
 @pytest.mark.slow
-def test_a_diverging_run_says_so_once():
+def test_a_diverging_run_says_so_once(learning):
     cfg = tiny_config(rounds=3, lr=1e6)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     lines: list[str] = []
@@ -249,7 +254,6 @@ def test_a_diverging_run_says_so_once():
                                                          "client ")
     assert "training loss" in warnings[0] and "at step" in warnings[0]
     assert result.tables["divergence"] == [{"round": 1, "message": warnings[0]}]
-    _, learning = _run(rounds=3)
     assert "divergence" not in learning.tables
 
 
