@@ -17,16 +17,13 @@ or model must be registered (imported) before loading.
 from __future__ import annotations
 
 import json
-import tempfile
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-INFO = "model.json"
-MODEL_CODE = Path(__file__).with_name("mlflow_model.py")  # run by MLflow, never imported here
+from raydg.tracking.logged_model import INFO
 
 
 def model_info(cfg: Any, channels: int, classes: list[str], mean: tuple[float, ...],
@@ -105,32 +102,3 @@ def build(info: dict[str, Any], weights: Path) -> SavedModel:
                                           info["num_classes"], info["image_size"]))
     state.load(module, load_state(weights))
     return SavedModel(module.eval(), method, info)
-
-
-def log_model(client: Any, run_id: str, models: dict[str, Any], info: dict[str, Any],
-              version: str) -> None:
-    """Log model states (``<name>.npz``, no pickle) and what rebuilds the model
-    (``model.json``) into run ``run_id`` as the artifacts of an MLflow model from code,
-    ``model/`` (:mod:`raydg.mlflow_model`, requiring raydg ``version``):
-    ``mlflow.pyfunc.load_model("runs:/RUN/model")`` and :func:`load_model` both load it."""
-    import mlflow
-    from mlflow.models import ModelSignature
-    from mlflow.types import Schema, TensorSpec
-
-    with tempfile.TemporaryDirectory() as tmp:
-        files = {name: Path(tmp) / f"{name}.npz" for name, state in models.items()
-                 if state is not None}
-        for name, path in files.items():
-            np.savez(path, **models[name])
-        (Path(tmp) / INFO).write_text(json.dumps(info, indent=1))
-        images = (-1, info["in_channels"], info["image_size"], info["image_size"])
-        signature = ModelSignature(Schema([TensorSpec(np.dtype("uint8"), images)]),
-                                   Schema([TensorSpec(np.dtype("int64"), (-1,))]))
-        with warnings.catch_warnings():  # MLflow's advice on input examples
-            warnings.filterwarnings("ignore", message=".*input example")
-            mlflow.pyfunc.save_model(
-                Path(tmp) / "model", python_model=str(MODEL_CODE), signature=signature,
-                artifacts={"info": str(Path(tmp) / INFO),
-                           **{name: str(path) for name, path in files.items()}},
-                pip_requirements=[f"raydg=={version}"])
-        client.log_artifacts(run_id, str(Path(tmp) / "model"), artifact_path="model")

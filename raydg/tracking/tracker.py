@@ -40,7 +40,7 @@ from raydg.results import (
     steps_per_client,
     write_table,
 )
-from raydg.saved_model import log_model
+from raydg.tracking.logged_model import log_model
 from raydg.tracking.store import quiet_mlflow
 from raydg.version import installed_version
 
