@@ -44,7 +44,7 @@ CONNECT_TIMEOUT = 5.0  # seconds to reach a named Ray cluster before giving up
 def lean(fresh: bool = True, dashboard: bool = False) -> Iterator[None]:
     """While it lasts, a head node that ``ray.init`` starts takes any free port for its
     dashboard agent, starts no idle workers for its first driver (Ray starts one per CPU;
-    raydg's trials and actors never took them: measured, 0.85 s of CPU per start on 2 CPUs
+    raydg's trials and actors never took them: measured, 0.8 s of CPU per start on 2 CPUs
     spent on workers that only exit) and, unless ``dashboard`` (``raydg run --dashboard``:
     Ray's own set and its dashboard), leaves out the dashboard head, the autoscaler monitor and
     the log monitor; nothing changes unless ``fresh`` (a cluster that raydg joins is as it
