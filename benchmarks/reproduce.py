@@ -43,7 +43,8 @@ from pathlib import Path
 from raydg import config as config_mod
 from raydg.config_files import load_yaml
 from raydg.reporting.design import Comparison, Design
-from raydg.reporting.reproduction import Goal, page, paper_numbers, paper_targets, to_run
+from raydg.reporting.paper import paper_numbers, paper_targets
+from raydg.reporting.reproduction import Goal, page, to_run
 from raydg.reporting.reproduction_rows import COMPOSED, export_rows, merge, read_rows, write_rows
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -150,7 +150,7 @@ def test_other_methods_are_pointed_to_and_a_bn_fedavg_is_an_ablation_row():
 
 
 def test_the_papers_cited_rows_are_printed_as_published_and_checked():
-    from raydg.reporting.reproduction import paper_numbers
+    from raydg.reporting.paper import paper_numbers
 
     paper = {"source": "T", "selection": "oracle",
              "accuracy": {"fedavg": {"M0": 80.0, "M15": 98.0, "Avg": 89.0}},

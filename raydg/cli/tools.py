@@ -71,7 +71,7 @@ def report(experiments: tuple[str, ...], dataset: str | None, methods: tuple[str
     held-out domains, mean +- std over seeds. Runs that differ in other settings are never
     averaged together."""
     from raydg.reporting import report as report_mod
-    from raydg.reporting.reproduction import paper_numbers
+    from raydg.reporting.paper import paper_numbers
     from raydg.reporting.runs import find_runs
 
     for flag, path in (("--output", output), ("--export", export_to), ("--plot", plot)):

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from raydg.errors import RaydgError
 from raydg.reporting.design import Design, design_section
+from raydg.reporting.paper import paper_targets
 from raydg.reporting.reproduction_rows import SELECTIONS
 from raydg.results import mean_std, whole_seeds
 
@@ -41,52 +41,6 @@ class Goal:
 
     avg: float
     cell: float
-
-
-def paper_numbers(values: dict[str, Any], where: str,
-                  domains: Sequence[str] | None = None) -> dict[str, Any]:
-    """A config file's ``paper`` section, checked: ``source``, ``selection`` (selected, last
-    or oracle: how the paper picked the model it reports), ``accuracy`` (``{method label:
-    {domain or Avg: percent}}``, at least one row and one number) and, optionally, ``errors``
-    (the ± the paper prints beside ``accuracy``, in the same form, with ``error``: what they
-    are, e.g. "standard error"), ``cited`` (the table's rows that the paper cites from other
-    publications, in the same form; raydg runs none of them), ``selection_note`` (where the
-    selection comes from, when the paper does not state it) and ``deviations`` (how the
-    protocol departs from the paper's, one line each). With the dataset's ``domains``, a
-    column that is none of them (nor ``Avg``) is refused."""
-    paper = values.get("paper")
-    ok = (isinstance(paper, dict) and isinstance(paper.get("source"), str)
-          and paper.get("selection") in ("selected", "last", "oracle")
-          and _is_table(paper.get("accuracy")) and _is_table(paper.get("cited", {}))
-          and _is_table(paper.get("errors", {})) and isinstance(paper.get("error", ""), str)
-          and isinstance(paper.get("selection_note", ""), str)
-          and isinstance(paper.get("deviations", []), list)
-          and all(isinstance(d, str) for d in paper.get("deviations", []))
-          and any(paper["accuracy"].values()))
-    if not ok:
-        raise RaydgError(f"{where} has no valid 'paper' section (source, selection: "
-                         "selected|last|oracle, accuracy: {method: {domain: percent}} with at "
-                         "least one number, optionally errors: {method: {domain: points}} "
-                         "and error: TEXT, cited: {row: {domain: percent}}, selection_note: "
-                         "TEXT, deviations: [TEXT, ...])")
-    unknown = sorted({c for row in paper["accuracy"].values() for c in row} - {"Avg"}
-                     - set(domains if domains is not None else paper_targets(paper)))
-    if unknown:
-        raise RaydgError(f"{where}: the paper's columns {unknown} are not domains of "
-                         f"{values.get('dataset')} ({', '.join(domains or [])})")
-    return paper
-
-
-def paper_targets(paper: dict[str, Any]) -> list[str]:
-    """The paper table's target columns (its rows' columns but ``Avg``), in order."""
-    return [c for c in dict.fromkeys(c for row in paper["accuracy"].values() for c in row)
-            if c != "Avg"]
-
-
-def _is_table(value: Any) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(row, dict) and all(isinstance(v, int | float) for v in row.values())
-        for row in value.values())
 
 
 def cells(rows: list[dict[str, Any]], method: str, targets: Sequence[str], selection: str,
@@ -339,6 +293,29 @@ def _fingerprints(rows: list[dict[str, Any]]) -> str:
                      for fp, d in sorted(data.items()))
 
 
+def selection_section(selection: str, measured: dict[str, dict[str, Any]],
+                      paper: dict[str, Any], names: dict[str, str], seeds: Sequence[int],
+                      columns: list[str]) -> list[str]:
+    """One selection's table: per method of the paper, its published row (with its errors),
+    raydg's on ``seeds`` (``measured``) and their difference."""
+    errors, what = paper.get("errors", {}), paper.get("error", "")
+    note = paper.get("selection_note") or "the paper's selection"
+    own = f" ({note})" if selection == paper["selection"] else ""
+    lines = [f"## {selection.capitalize()} round{own}", "", f"Model selection: "
+             f"{SELECTION_TEXT[selection]}. raydg's cells: mean ± standard error over "
+             f"seeds (seeds), of seeds {', '.join(map(str, seeds))}"
+             + (f"; the paper's ±: its {what}" if errors and what else "") + ".", "",
+             *_header(columns)]
+    for method, published in paper["accuracy"].items():
+        got, name = measured[method], names.get(method, method)
+        lines.append(_published(f"{name}, paper", published, columns, errors.get(method)))
+        lines.append(f"| {name}, raydg | " + " | ".join(
+            _cell(got.get(c)) for c in columns) + " |")
+        lines.append("| raydg - paper | " + " | ".join(
+            _diff(got.get(c), published[c]) for c in columns) + " |")
+    return [*lines, ""]
+
+
 def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
          goals: dict[str, Goal], seeds: Sequence[int], source: str, command: str,
          protocol: str, designs: Sequence[Design] = ()) -> str:
@@ -354,24 +331,9 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
     judged = [r for r in rows if r["seed"] in seeds]  # a seed beyond the design's: not judged
     measured = {s: {m: cells(judged, m, targets, s) for m in paper["accuracy"]}
                 for s in {*SELECTIONS[:2], paper["selection"]}}
-    errors, what = paper.get("errors", {}), paper.get("error", "")
     for selection in SELECTIONS[:2]:
-        note = paper.get("selection_note") or "the paper's selection"
-        own = f" ({note})" if selection == paper["selection"] else ""
-        lines += [f"## {selection.capitalize()} round{own}", "", f"Model selection: "
-                  f"{SELECTION_TEXT[selection]}. raydg's cells: mean ± standard error over "
-                  f"seeds (seeds), of seeds {', '.join(map(str, seeds))}"
-                  + (f"; the paper's ±: its {what}" if errors and what else "") + ".", "",
-                  *_header(columns)]
-        for method, published in paper["accuracy"].items():
-            got = measured[selection][method]
-            name = names.get(method, method)
-            lines.append(_published(f"{name}, paper", published, columns, errors.get(method)))
-            lines.append(f"| {name}, raydg | " + " | ".join(
-                _cell(got.get(c)) for c in columns) + " |")
-            lines.append("| raydg - paper | " + " | ".join(
-                _diff(got.get(c), published[c]) for c in columns) + " |")
-        lines.append("")
+        lines += selection_section(selection, measured[selection], paper, names, seeds,
+                                   columns)
     lines += [f"## Goals (at the {_selection_name(paper)})", ""]
     at_paper = measured[paper["selection"]]
     for method, published in paper["accuracy"].items():
