@@ -253,6 +253,13 @@ def test_a_designs_comparison_is_the_paired_difference_with_its_t_interval():
     waits = compare(rows[:2] + rows[6:8], Comparison("fedprox", "", "fedavg", "", ">=", "S"),
                     ("M0", "M75"), (0, 1, 2), "oracle")
     assert waits["verdict"] == "waits (1 and 1 of 3 seeds)"
+    two = [r for r in rows if r["seed"] < 2]  # an interim interval: shown, not judged
+    interim = compare(two, Comparison("fedprox", "", "fedavg", "", ">=", "S"), ("M0", "M75"),
+                      (0, 1, 2), "oracle")
+    assert interim["seeds"] == [0, 1] and interim["mean"] == pytest.approx(d[:2].mean())
+    assert interim["half"] == pytest.approx(12.706205 * d[:2].std(ddof=1) / np.sqrt(2),
+                                            rel=1e-5)  # t(0.975, 1), from tables
+    assert interim["verdict"] == "waits (2 and 2 of 3 seeds)"
     design = Design("D", "fixed before its runs", ("M0", "M75"), (0, 1, 2),
                     (Comparison("fedprox", "", "fedavg", "", ">=", "S"),))
     text = page(rows, PAPER, {}, {"fedavg": Goal(1, 2.5)}, [0, 1, 2], "r.csv", "c", "p.yaml",
