@@ -8,11 +8,13 @@ Three steps, each a command:
    other method (``jobs/csac-tables.sh --others``) goes into the same rows file, and
    ``benchmarks/fidelity.py page`` prints it in docs/fidelity.md (the real-data regime).
 2. ``export``: the finished federations of that MLflow experiment -> per-run rows, merged into
-   the committed rows file (rows already there are kept; a run of another protocol is refused,
-   unless it is named as a variant, ``--variant model=cnn``: the protocol with that key
-   changed, labelled so on the page; the BN methods' runs on ``model=mnist-cnn-bn`` are
-   exported so, FedAvg's on that model too; ``--variant dataset=rotmnist-ccw``: the digits
-   turned the other way; ``--variant dataset=rotmnist-redraw``: another 1,000 digits).
+   the committed rows file (rows already there are kept; a federation already there that ran
+   on another machine goes to the repeats file, which the page compares with its row; a run
+   of another protocol is refused, unless it is named as a variant, ``--variant model=cnn``:
+   the protocol with that key changed, labelled so on the page; the BN methods' runs on
+   ``model=mnist-cnn-bn`` are exported so, FedAvg's on that model too;
+   ``--variant dataset=rotmnist-ccw``: the digits turned the other way;
+   ``--variant dataset=rotmnist-redraw``: another 1,000 digits).
 3. ``page``: the rows file -> docs/reproduction.md (regenerated, never edited by hand; a test
    checks that the committed page is what this prints from the committed rows). The same rows
    are docs/fidelity.md's real-data regime: ``python benchmarks/fidelity.py page`` after it.
@@ -45,11 +47,20 @@ from raydg.config_files import load_yaml
 from raydg.reporting.design import Comparison, Design
 from raydg.reporting.paper import paper_numbers, paper_targets
 from raydg.reporting.reproduction import Goal, page, to_run
-from raydg.reporting.reproduction_rows import COMPOSED, export_rows, merge, read_rows, write_rows
+from raydg.reporting.reproduction_rows import (
+    COMPOSED,
+    export_rows,
+    merge,
+    on_machine,
+    read_rows,
+    repeats,
+    write_rows,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = Path("configs/csac-rotmnist.yaml")
 ROWS = Path("docs/reproduction-rows/csac-rotmnist.csv")
+REPEATS = Path("docs/reproduction-rows/csac-rotmnist-repeats.csv")  # federations run again
 PAGE = Path("docs/reproduction.md")
 NAMES = {"deepall": "DeepAll*", "fedavg": "FedAvg*", "elcfs": "FedDG* (elcfs)", "csac": "CSAC*"}
 # the issue's goals: every row's Avg within 1.0 point (FedDG* 2.0), every cell within 2.5
@@ -112,8 +123,10 @@ def render() -> str:
     """docs/reproduction.md from the committed rows and the paper config."""
     values = load_yaml(str(ROOT / CONFIG))
     paper = paper_numbers(values, str(CONFIG))
+    repeats = read_rows(ROOT / REPEATS) if (ROOT / REPEATS).is_file() else []
     return page(read_rows(ROOT / ROWS), paper, NAMES, GOALS, values["seeds"], str(ROWS),
-                "python benchmarks/reproduce.py page", str(CONFIG), designs=[DESIGN])
+                "python benchmarks/reproduce.py page", str(CONFIG), designs=[DESIGN],
+                repeats=(repeats, str(REPEATS)))
 
 
 def protocol(values: dict[str, object], variant: dict[str, str]
@@ -203,6 +216,11 @@ def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
     write_rows(ROOT / ROWS, rows)
     print(f"{ROWS}: {len(rows)} rows ({len(rows) - len(old)} new); regenerate the pages that "
           "show them: python benchmarks/reproduce.py page && python benchmarks/fidelity.py page")
+    if again := repeats(old, new):
+        before = read_rows(ROOT / REPEATS) if (ROOT / REPEATS).is_file() else []
+        write_rows(ROOT / REPEATS, merge(before, again, key=on_machine))
+        print(f"{REPEATS}: {len(again)} federation{'s' * (len(again) > 1)} of the rows run "
+              "again on another machine")
 
 
 def main() -> None:

@@ -12,7 +12,14 @@ import pytest
 from raydg.errors import RaydgError
 from raydg.reporting.design import Comparison, Design, compare
 from raydg.reporting.reproduction import Goal, cells, page, to_run, verdict
-from raydg.reporting.reproduction_rows import export_rows, merge, read_rows, write_rows
+from raydg.reporting.reproduction_rows import (
+    export_rows,
+    merge,
+    on_machine,
+    read_rows,
+    repeats,
+    write_rows,
+)
 from raydg.reporting.runs import Run
 from tests.conftest import load_benchmark
 
@@ -226,7 +233,8 @@ def test_the_page_says_what_it_compares_and_judges_only_the_configs_seeds():
     assert "- another draw of the digits" in text.split("departs from the paper's")[1]
     assert "| FedAvg*, paper | 80.00 ± 0.44 | 80.00 ± 0.08 |" in text
     assert "| FedAvg*, raydg | 82.00 ± 1.00 (2) |" in text  # seed 7 is not the config's
-    assert "| fedavg | 3 | Xeon x2 CPUs | 650 (1 unrecorded) |" in text
+    assert "| fedavg | Xeon x2 CPUs | 2 | 650 |" in text  # per row and machine
+    assert "| fedavg | unrecorded | 1 | — |" in text
 
 
 def test_a_designs_comparison_is_the_paired_difference_with_its_t_interval():
@@ -266,3 +274,39 @@ def test_a_designs_comparison_is_the_paired_difference_with_its_t_interval():
                 designs=[design])
     assert (f"| fedprox | fedavg | 0, 1, 2 | 86.00 | 84.33 | +1.67 [{1.667 - half:+.2f}, "
             f"{1.667 + half:+.2f}] | fedprox >= fedavg (S) | holds |") in text
+
+
+def test_a_federation_run_again_on_another_machine_is_kept_apart_and_compared():
+    """A repeat (same federation, another recorded machine) leaves the rows as they are; the
+    page shows both machines' accuracies, the differences, their mean with the t-interval
+    (t(0.975, 1) = 12.706205, tables) and the pairs of a design that span machines."""
+    cpu = [{**_row(m, t, s, a), "machine": "cpu"} for m, t, s, a in (
+        ("fedavg", "M0", 0, 80.0), ("fedavg", "M75", 0, 84.0), ("fedprox", "M0", 0, 81.0),
+        ("fedavg", "M0", 1, 82.0), ("fedavg", "M75", 1, 86.0))]
+    gpu = [{**_row(m, t, s, a), "machine": "gpu"} for m, t, s, a in (
+        ("fedavg", "M0", 0, 81.0), ("fedavg", "M75", 0, 83.0), ("fedprox", "M75", 0, 85.0),
+        ("fedprox", "M0", 1, 80.0), ("fedprox", "M75", 1, 90.0))]
+    again = repeats(cpu, [*gpu, {**cpu[0], "machine": ""}, cpu[1]])  # unrecorded, same machine
+    assert again == gpu[:2]
+    assert merge(cpu, gpu) == sorted(cpu + gpu[2:], key=lambda r: (
+        r["method"], r["target"], r["seed"]))  # the rows keep one per federation
+    assert merge(again, [{**gpu[0], "oracle": 1.0}, cpu[0]], key=on_machine) == [
+        cpu[0], *again]  # the repeats file: one per federation and machine
+    with pytest.raises(RaydgError, match="ran on other images"):
+        repeats(cpu, [{**gpu[0], "fingerprint": "other"}])
+    rows = merge(cpu, gpu)
+    design = Design("D", "fixed", ("M0", "M75"), (0, 1),
+                    (Comparison("fedprox", "", "fedavg", "", ">=", "S"),))
+    text = page(rows, PAPER, {}, {"fedavg": Goal(1, 2.5)}, [0, 1], "r.csv", "c", "p.yaml",
+                designs=[design], repeats=(again, "again.csv"))
+    assert "Machines: A = cpu; B = gpu." in text
+    assert "| fedavg | M0 | 0 | A | 79.0 | 80.0 | B | 80.0 | 81.0 | +1.0 | +1.0 |" in text
+    assert "| fedavg | M75 | 0 | A | 83.0 | 84.0 | B | 82.0 | 83.0 | -1.0 | -1.0 |" in text
+    d = np.array([1.0, -1.0])
+    half = 12.706205 * d.std(ddof=1) / np.sqrt(2)
+    assert (f"- Oracle round, second machine minus first over 2 federations: mean +0.00 "
+            f"[{-half:+.2f}, {half:+.2f}] (95 % t-interval), mean absolute difference 1.00."
+            ) in text
+    # seed 0: fedprox on both machines, fedavg on cpu; seed 1: fedprox gpu, fedavg cpu
+    assert "Of its 2 pairs (a row and its baseline on one seed), 2 hold federations from " \
+        "two machines and 0 one whose machine is unrecorded" in text

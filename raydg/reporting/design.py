@@ -59,8 +59,6 @@ def compare(rows: list[dict[str, Any]], c: Comparison, targets: Sequence[str],
     ``=`` claim is consistent when it holds 0). Before that the interval of the seeds so far
     is shown, not judged: two seeds whose differences happen to be equal give an interval of
     width 0 (FedGMA's first two on Rotated MNIST, both -3.80 at the oracle round)."""
-    from scipy import stats
-
     a = _seed_means(rows, c.method, c.variant, targets, seeds, selection)
     b = _seed_means(rows, c.baseline, c.baseline_variant, targets, seeds, selection)
     both = sorted(set(a) & set(b))
@@ -71,15 +69,51 @@ def compare(rows: list[dict[str, Any]], c: Comparison, targets: Sequence[str],
     if len(both) < 2:
         return {**out, "mean": np.nan, "half": np.nan, "verdict": waits}
     d = np.array([a[s] - b[s] for s in both])
-    half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
-    low, high = d.mean() - half, d.mean() + half
+    mean, half = t_interval(d)
+    low, high = mean - half, mean + half
     if len(both) < len(seeds):  # an interim interval, shown but not judged
         verdict = waits
     elif c.relation == "=":
         verdict = "consistent" if low <= 0 <= high else "does not hold"
     else:
         verdict = "holds" if low > 0 else "reversed" if high < 0 else "not significant"
-    return {**out, "mean": float(d.mean()), "half": half, "verdict": verdict}
+    return {**out, "mean": mean, "half": half, "verdict": verdict}
+
+
+def t_interval(d: np.ndarray) -> tuple[float, float]:
+    """The mean of ``d`` and the half width of its 95 % t-interval (NaN for one value)."""
+    from scipy import stats
+
+    if len(d) < 2:
+        return float(d.mean()), float("nan")
+    return float(d.mean()), float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1)
+                                  / np.sqrt(len(d)))
+
+
+def machines_line(rows: list[dict[str, Any]], design: Design) -> list[str]:
+    """How many of ``design``'s pairs (a row and its baseline on one whole seed) hold rows
+    from two recorded machines, and how many a row whose machine is unrecorded; nothing where
+    every pair ran on one machine."""
+    def machines(method: str, variant: str, seed: int) -> set[str]:
+        return {r["machine"] for r in rows if (r["method"], r["variant"], r["seed"]) ==
+                (method, variant, seed) and r["target"] in design.targets}
+
+    def whole(method: str, variant: str) -> set[int]:
+        return set(_seed_means(rows, method, variant, design.targets, design.seeds,
+                               "selected"))
+
+    pairs = []
+    for c in design.comparisons:
+        pairs += [machines(c.method, c.variant, s) | machines(c.baseline, c.baseline_variant, s)
+                  for s in whole(c.method, c.variant) & whole(c.baseline, c.baseline_variant)]
+    across = sum(len(m - {""}) > 1 for m in pairs)
+    unknown = sum(len(m - {""}) <= 1 and "" in m for m in pairs)
+    if not across and not unknown:
+        return []
+    return [f"Of its {len(pairs)} pairs (a row and its baseline on one seed), {across} hold "
+            f"federations from two machines and {unknown} one whose machine is unrecorded "
+            "(the rows file's `machine`; exported before that column): a pair across machines "
+            "holds a change of machine in its difference too.", ""]
 
 
 def design_section(rows: list[dict[str, Any]], design: Design, texts: dict[str, str]
@@ -106,7 +140,7 @@ def design_section(rows: list[dict[str, Any]], design: Design, texts: dict[str, 
                          f"{means[1]} | {diff} | {c.method} {c.relation} {c.baseline} "
                          f"({c.source}) | {got['verdict']} |")
         lines.append("")
-    return lines
+    return lines + machines_line(rows, design)
 
 
 def _label(method: str, variant: str) -> str:

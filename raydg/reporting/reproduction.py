@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from raydg.reporting.design import Design, design_section
+from raydg.reporting.machines import machines_section, repeats_section
 from raydg.reporting.paper import paper_targets
 from raydg.reporting.reproduction_rows import SELECTIONS
 from raydg.results import mean_std, whole_seeds
@@ -249,25 +250,6 @@ def deviations_section(paper: dict[str, Any], protocol: str) -> list[str]:
             *(f"- {d}" for d in paper["deviations"]), ""]
 
 
-def machines_section(rows: list[dict[str, Any]]) -> list[str]:
-    """Per row of the rows file (method, variant): its federations, the machines that ran
-    them and their mean wall seconds (rows exported before these were recorded: unrecorded)."""
-    lines = ["## Machines and wall time", "",
-             "What ran each row's federations (the driver's CPU model and count, its GPU) and "
-             "their mean wall seconds, from the rows file's `machine` and `wall_s` columns.", "",
-             "| row | federations | machines | wall s per federation |", "|---|---|---|---|"]
-    for key in sorted({(r["method"], r["variant"]) for r in rows}):
-        mine = [r for r in rows if (r["method"], r["variant"]) == key]
-        machines = sorted({r.get("machine") for r in mine if r.get("machine")})
-        walls = [float(r["wall_s"]) for r in mine if r.get("wall_s") not in ("", None)]
-        unknown = len(mine) - len(walls)
-        label = key[0] + (f" [{key[1]}]" if key[1] else "")
-        lines.append(f"| {label} | {len(mine)} | {'; '.join(machines) or 'unrecorded'} | "
-                     + (f"{np.mean(walls):.0f}" if walls else "—")
-                     + (f" ({unknown} unrecorded)" if walls and unknown else "") + " |")
-    return [*lines, ""]
-
-
 def _intro(rows: list[dict[str, Any]], paper: dict[str, Any], source: str, command: str,
            protocol: str) -> list[str]:
     """The page's title, what it is generated from, and the images' fingerprints."""
@@ -318,13 +300,15 @@ def selection_section(selection: str, measured: dict[str, dict[str, Any]],
 
 def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str],
          goals: dict[str, Goal], seeds: Sequence[int], source: str, command: str,
-         protocol: str, designs: Sequence[Design] = ()) -> str:
+         protocol: str, designs: Sequence[Design] = (),
+         repeats: tuple[list[dict[str, Any]], str] = ([], "")) -> str:
     """The Markdown page: how the protocol departs from the paper's; per selection, the
     paper's rows (with its errors) and raydg's on the config's ``seeds``; the goals and the
     cells that miss them; the rows the paper cites; where the methods the paper does not
     report are (docs/fidelity.md); each design fixed before its runs (``designs``); each
-    ablation (a variant of the protocol) beside the row it changes; the machines and wall
-    time of every row."""
+    ablation (a variant of the protocol) beside the row it changes; the federations run again
+    on another machine (``repeats``: their rows and file); the machines and wall time of
+    every row."""
     targets = paper_targets(paper)
     columns = [*targets, "Avg"]
     lines = _intro(rows, paper, source, command, protocol) + deviations_section(paper, protocol)
@@ -355,5 +339,5 @@ def page(rows: list[dict[str, Any]], paper: dict[str, Any], names: dict[str, str
     variants = [(m, v) for m, v in pairs if v and m in paper["accuracy"]]
     if variants:
         lines += ["", *ablations_section(judged, variants, targets, names)]
-    lines += ["", *machines_section(rows)]
+    lines += ["", *repeats_section(rows, *repeats), *machines_section(rows)]
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -64,12 +64,36 @@ def export_rows(runs: Sequence[Any], expected: Callable[[tuple[str | None, ...]]
     return rows
 
 
-def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``old`` plus the rows of ``new`` whose (method, variant, target, seed) it lacks,
+def federation(row: dict[str, Any]) -> tuple[str, str, str, int]:
+    """What a row is a federation of: (method, variant, target, seed)."""
+    return row["method"], row["variant"], row["target"], int(row["seed"])
+
+
+def on_machine(row: dict[str, Any]) -> tuple[str, str, str, int, str]:
+    """A federation on one machine: :func:`federation` and the row's ``machine``."""
+    return (*federation(row), row["machine"])
+
+
+def merge(old: list[dict[str, Any]], new: list[dict[str, Any]],
+          key: Callable[[dict[str, Any]], tuple] = federation) -> list[dict[str, Any]]:
+    """``old`` plus the rows of ``new`` whose ``key`` (by default the federation) it lacks,
     sorted."""
-    key = lambda r: (r["method"], r["variant"], r["target"], int(r["seed"]))  # noqa: E731
     have = {key(r) for r in old}
     return sorted(old + [r for r in new if key(r) not in have], key=key)
+
+
+def repeats(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of ``new`` that run a federation of ``old`` again on another machine: kept
+    apart from the rows (one per federation), where the page compares the two."""
+    first = {federation(r): r for r in old}
+    again = [r for r in new if federation(r) in first and r["machine"]
+             and r["machine"] != first[federation(r)]["machine"]]
+    for r in again:
+        if r["fingerprint"] != first[federation(r)]["fingerprint"]:
+            raise RaydgError(f"{r['method']} {r['target']} seed {r['seed']} on {r['machine']} "
+                             f"ran on other images ({r['fingerprint']}) than its row "
+                             f"({first[federation(r)]['fingerprint']}): not the same federation")
+    return again
 
 
 def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
