@@ -110,10 +110,10 @@ def machines_line(rows: list[dict[str, Any]], design: Design) -> list[str]:
     unknown = sum(len(m - {""}) <= 1 and "" in m for m in pairs)
     if not across and not unknown:
         return []
-    return [f"Of its {len(pairs)} pairs (a row and its baseline on one seed), {across} hold "
-            f"federations from two machines and {unknown} one whose machine is unrecorded "
-            "(the rows file's `machine`; exported before that column): a pair across machines "
-            "holds a change of machine in its difference too.", ""]
+    return [f"Of its {len(pairs)} pairs (a row and its baseline on one seed), {across} "
+            f"hold{'s' * (across == 1)} federations from two machines and {unknown} one whose "
+            "machine is unrecorded (the rows file's `machine`; exported before that column): a "
+            "pair across machines holds a change of machine in its difference too.", ""]
 
 
 def design_section(rows: list[dict[str, Any]], design: Design, texts: dict[str, str]
