@@ -1,13 +1,15 @@
 """The MLflow writer: a store that stops answering loses nothing; a fresh store is created once
-by concurrent first runs."""
+by concurrent first runs; logging a model draws no progress bar."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from mlflow import MlflowClient
 
@@ -16,6 +18,7 @@ from raydg.config import RunConfig
 from raydg.errors import TrackingError
 from raydg.resolve import resolve
 from raydg.tracking import tracker as tracker_mod
+from raydg.tracking.logged_model import log_model
 from raydg.tracking.tracker import Tracker
 
 
@@ -123,3 +126,32 @@ def test_accuracies_are_logged_in_percent_and_tagged_so(tmp_path):
     assert child.data.metrics == {"val_acc": 50.0, "train_loss": 2.0,
                                   f"{tracker_mod.CURVES}/val_acc": 50.0,
                                   f"{tracker_mod.CURVES}/train_loss": 2.0}
+
+
+def test_logging_a_model_draws_no_progress_bar_unless_the_user_asks(tmp_path, monkeypatch):
+    """MLflow draws its artifact progress bars with tqdm where tqdm is installed (not in this
+    environment: a stand-in counts the bars): none on a run's console, unless the user set
+    MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR."""
+    bars = []
+
+    class Bar:  # tqdm's constructor; every other call does nothing
+        def __init__(self, *args, desc: str = "", **kwargs):
+            bars.append(desc)
+
+        def __getattr__(self, name: str) -> Callable[..., None]:
+            return lambda *args, **kwargs: None
+
+    fake = types.ModuleType("tqdm.auto")
+    fake.tqdm = Bar
+    monkeypatch.setitem(sys.modules, "tqdm", types.ModuleType("tqdm"))
+    monkeypatch.setitem(sys.modules, "tqdm.auto", fake)
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "")
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR")
+    client = MlflowClient(f"sqlite:///{tmp_path}/m.db")
+    run = client.create_run(client.create_experiment("models")).info.run_id
+    info = {"in_channels": 1, "image_size": 8}
+    log_model(client, run, {"global": {"w": np.zeros(2)}}, info, "0.0")
+    assert bars == []
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true")
+    log_model(client, run, {"global": {"w": np.zeros(2)}}, info, "0.0")
+    assert bars and all(b == "Downloading artifacts" for b in bars)

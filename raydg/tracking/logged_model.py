@@ -6,6 +6,7 @@ reads them back."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -28,6 +29,9 @@ def log_model(client: Any, run_id: str, models: dict[str, Any], info: dict[str, 
     from mlflow.models import ModelSignature
     from mlflow.types import Schema, TensorSpec
 
+    # MLflow copies the model's files with a progress bar wherever tqdm is installed: one
+    # "Downloading artifacts" bar per file on a run's console (a user's own setting is kept)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     with tempfile.TemporaryDirectory() as tmp:
         files = {name: Path(tmp) / f"{name}.npz" for name, state in models.items()
                  if state is not None}
