@@ -29,6 +29,7 @@ import ctypes
 import json
 import os
 import select
+import shlex
 import shutil
 import signal
 import sys
@@ -134,8 +135,11 @@ def tell_parent(key: str, value: dict[str, str] | None = None) -> None:
 
 def command(name: str) -> str:
     """``name`` (raydg, mlflow) as the user can type it: the bare name where it is on PATH as
-    this environment's, else its full path (a virtual environment not activated)."""
+    this environment's, else its full path (a virtual environment not activated), else
+    ``python -m name`` with this Python (no script installed: a source tree on PYTHONPATH)."""
     mine = Path(sys.executable).parent / name
+    if not mine.is_file():
+        return f"{shlex.quote(sys.executable)} -m {name}"
     found = shutil.which(name)
     return name if found and Path(found).resolve() == mine.resolve() else str(mine)
 

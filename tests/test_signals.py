@@ -132,3 +132,18 @@ def test_telling_a_parent_that_has_ended_is_no_error(monkeypatch):
         signals.tell_parent("recorded")
     finally:
         os.close(writer)
+
+
+def test_a_command_is_named_as_the_user_can_type_it(tmp_path, monkeypatch):
+    """The bare name where PATH finds this environment's script, else the script's full path,
+    else ``python -m`` with this Python (raydg from a source tree: no script installed)."""
+    bin_dir = tmp_path / "my env" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "raydg").write_text("#!/bin/sh\n")
+    (bin_dir / "raydg").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(bin_dir / "python"))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert on_path("raydg") == "raydg"
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert on_path("raydg") == str(bin_dir / "raydg")
+    assert on_path("mlflow") == f"'{bin_dir / 'python'}' -m mlflow"
