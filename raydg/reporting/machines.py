@@ -20,7 +20,8 @@ def machines_section(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["## Machines and wall time", "",
              "What ran each row's federations (the driver's CPU model and count, its GPU) and "
              "their mean wall seconds, from the rows file's `machine` and `wall_s` columns "
-             "(a federation's wall time also depends on what ran beside it).", "",
+             "(from a federation's start to its end: it also depends on what ran beside it, "
+             "and holds any pause between a stop and its resume).", "",
              "| row | machine | federations | wall s per federation |", "|---|---|---|---|"]
     for key in sorted({(r["method"], r["variant"], r.get("machine") or "") for r in rows}):
         mine = [r for r in rows if (r["method"], r["variant"], r.get("machine") or "") == key]
