@@ -24,12 +24,17 @@ file still lacks (one per method and target), to finish the table over several m
 sessions; ``todo --design-r TIER`` those of design R (below). ``run --design-r TIER`` runs
 design R's missing federations one after the other, each exported into the rows file as it
 finishes (so a stopped run loses one federation at most, and starting it again continues).
+With ``--at-once N --address A`` it runs one ``raydg run`` per method and target, N at a time,
+on the Ray cluster at A: on one GPU machine, ``ray start --head --num-gpus 1``, then
+``--at-once 24 --address auto --gpus-per-actor 0.03`` (a federation's client actor and its
+driver take 0.06 of the GPU: 16 federations at a time, Ray queues the others).
 
 Run:  python benchmarks/reproduce.py export --tracking-uri URI [--experiment rotmnist-csac]
           [--variant KEY=VALUE ...]
       python benchmarks/reproduce.py page [--check]
       python benchmarks/reproduce.py todo [--design-r 1|2]
       python benchmarks/reproduce.py run --design-r 1|2 --tracking-uri URI
+          [--at-once N --address A [--gpus-per-actor G]]
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from raydg import config as config_mod
@@ -185,9 +191,60 @@ def run_design_r(tier: int, tracking_uri: str) -> None:
         print(f"[{len(lines)} to run] {lines[0]}", flush=True)
         subprocess.run([sys.executable, "-m", "raydg", *command[1:], "--tracking-uri",
                         tracking_uri, "--quiet"], check=True)
-        experiment = command[command.index("--experiment") + 1]
-        export(tracking_uri, experiment, dict([BN.split("=", 1)]) if "--model" in command
-               else {})
+        export(tracking_uri, *_experiment(command))
+
+
+def merged(lines: list[str]) -> list[list[str]]:
+    """``raydg run`` commands of one federation each, merged per method and target: one
+    command with all their seeds, in the order the first of each comes."""
+    seeds: dict[tuple[str, ...], list[str]] = {}
+    for line in lines:
+        words = shlex.split(line)
+        at = words.index("--seed")
+        seeds.setdefault((*words[:at], *words[at + 2:]), []).extend(words[at:at + 2])
+    return [[*words, *more] for words, more in seeds.items()]
+
+
+def store_for(tracking_uri: str, k: int) -> str:
+    """The store of the ``k``-th run of several at once: a tracking server takes them all, a
+    SQLite file is kept to one writer (a sibling file per run, ``mlflow-3.db``)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return tracking_uri
+    path = Path(tracking_uri[len("sqlite:///"):])
+    return "sqlite:///" + str(path.with_name(f"{path.stem}-{k}{path.suffix}"))
+
+
+def run_at_once(tier: int, tracking_uri: str, at_once: int, address: str,
+                gpus_per_actor: float) -> None:
+    """Design R's missing federations on the Ray cluster at ``address`` (e.g. ``ray start
+    --head`` on one GPU machine): one ``raydg run`` per method and target with its missing
+    seeds, ``at_once`` of them at a time, one client actor per federation (any number gives
+    the same result) with ``gpus_per_actor``; each run exported as it ends. Exits 1 after the
+    others if a run failed."""
+    def run(k: int, command: list[str]) -> str:
+        print(f"[{k}] {shlex.join(command)}\n", end="", flush=True)  # one write per line
+        store = store_for(tracking_uri, k)
+        subprocess.run([sys.executable, "-m", "raydg", *command[1:], "--address", address,
+                        "--actors", "1", "--gpus-per-actor", str(gpus_per_actor),
+                        "--tracking-uri", store, "--quiet"], check=True)
+        return store
+
+    failed = []
+    with ThreadPoolExecutor(at_once) as pool:
+        runs = {pool.submit(run, k, c): c for k, c in enumerate(merged(todo_design_r(tier)))}
+        for done in as_completed(runs):
+            if done.exception():
+                failed.append(f"{shlex.join(runs[done])}: {done.exception()}")
+            else:
+                export(done.result(), *_experiment(runs[done]))
+    if failed:
+        sys.exit("failed:\n" + "\n".join(failed))
+
+
+def _experiment(command: list[str]) -> tuple[str, dict[str, str]]:
+    """A design-R command's MLflow experiment and the variant its rows are exported as."""
+    variant = dict([BN.split("=", 1)]) if "--model" in command else {}
+    return command[command.index("--experiment") + 1], variant
 
 
 def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
@@ -240,7 +297,18 @@ def main() -> None:
     rn = sub.add_parser("run", help="run design R's missing federations, exporting each")
     rn.add_argument("--design-r", type=int, choices=(1, 2), required=True, metavar="TIER")
     rn.add_argument("--tracking-uri", required=True)
+    rn.add_argument("--at-once", type=int, default=1, metavar="N",
+                    help="N runs at once on the Ray cluster at --address (default: one "
+                         "federation after the other on a local Ray)")
+    rn.add_argument("--address", help="the Ray cluster for --at-once, e.g. auto")
+    rn.add_argument("--gpus-per-actor", type=float, default=0.0)
     args = parser.parse_args()
+    if args.command == "run" and args.at_once > 1:
+        if not args.address:
+            parser.error("--at-once needs --address: a Ray cluster that every run joins")
+        run_at_once(args.design_r, args.tracking_uri, args.at_once, args.address,
+                    args.gpus_per_actor)
+        return
     if args.command == "run":
         run_design_r(args.design_r, args.tracking_uri)
         return

@@ -4,6 +4,7 @@ page against what the command prints from the committed rows."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -310,3 +311,15 @@ def test_a_federation_run_again_on_another_machine_is_kept_apart_and_compared():
     # seed 0: fedprox on both machines, fedavg on cpu; seed 1: fedprox gpu, fedavg cpu
     assert "Of its 2 pairs (a row and its baseline on one seed), 2 hold federations from " \
         "two machines and 0 one whose machine is unrecorded" in text
+
+
+def test_design_r_runs_at_once_merge_seeds_and_keep_one_writer_per_sqlite_file():
+    module = load_benchmark("reproduce")
+    lines = ["raydg run --method a --target M0 --seed 1 --experiment e",
+             "raydg run --method a --target M75 --seed 1 --experiment e",
+             "raydg run --method a --target M0 --seed 2 --experiment e"]
+    assert [shlex.join(c) for c in module.merged(lines)] == [
+        "raydg run --method a --target M0 --experiment e --seed 1 --seed 2",
+        "raydg run --method a --target M75 --experiment e --seed 1"]
+    assert module.store_for("sqlite:////x/mlflow.db", 3) == "sqlite:////x/mlflow-3.db"
+    assert module.store_for("http://host:5000", 3) == "http://host:5000"
