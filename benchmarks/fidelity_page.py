@@ -90,6 +90,20 @@ def real_rows(path: Path) -> list[dict[str, Any]]:
             if ran[r["method"], r["variant"], r["seed"]] == len(targets)]
 
 
+def real_source(path: Path) -> str:
+    """The sentence naming the real-data regime's rows file and, where its rows come from
+    more than one machine, which (its claims then pair rows across machines)."""
+    rows = [r for r in read_rows(path) if r["variant"] in REAL_REGIMES]
+    machines = first_seen([r["machine"] for r in rows if r["machine"]])
+    older = " and rows exported before its machine column" if any(
+        not r["machine"] for r in rows) else ""
+    spread = (f"; unlike a runs file, its rows come from {len(machines)} machines "
+              f"({'; '.join(machines)}){older}, so its claims can pair rows across machines: "
+              "docs/reproduction.md measures what a change of machine does to one federation"
+              if len(machines) + bool(older) > 1 else "")
+    return f" The real-data regime (`rotmnist`): `{REAL_ROWS}`{spread}."
+
+
 def judged(real: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
     """The real-data rows of the methods that have all of SEEDS (their claims are tested);
     and each claim that still waits for them, with the seeds each side has."""
@@ -311,7 +325,7 @@ def page(rows_dir: Path, shown: Path = ROWS, real_file: Path | None = None) -> s
            "one machine and every claim compares runs of one file. Seeds "
            f"{list(next(iter(seeds)))} for every method and claim, fixed before any run. See "
            "the docstring of `benchmarks/fidelity.py` for the protocols."
-           + (f" The real-data regime (`rotmnist`): `{REAL_ROWS}`." if real else ""), "",
+           + (real_source(real_file) if real else ""), "",
            "Accuracy (%) on the held-out domain at the round selected by mean source "
            "validation, with each method's hyper-parameters selected per domain by mean "
            "source validation over the seeds (never by target accuracy). A method's name "

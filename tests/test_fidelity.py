@@ -158,8 +158,11 @@ def test_the_real_data_regime_pairs_each_method_with_fedavg_on_its_model(rows_di
     real += [_real("fedprox", "M0", 2, 10.0), _real("fedavg", "M0", 0, 5.0, "local_steps=100")]
     real += [_real(m, t, 0, a, bn) for m, a in (("fedavg", 70.0), ("fedbn", 74.0))
              for t in ("M0", "M15")]
+    real = [{**r, "machine": "gpu" if r["method"] == "fedprox" else "cpu"} for r in real]
     write_rows(tmp_path / "real.csv", real)
     text = fidelity_page.page(rows_dir, real_file=tmp_path / "real.csv")
+    assert ("its rows come from 2 machines (cpu; gpu), so its claims can pair rows across "
+            "machines") in text  # the runs files come from one machine each; these do not
     plain = text.split("## rotmnist, scratch\n")[1].split("## ")[0]
     half = stats.t.ppf(0.975, 1) * np.std([1.0, 3.0], ddof=1) / np.sqrt(2)
     # fedprox: M0 81, 85; M15 95, 99; Avg per seed 88, 92
@@ -184,7 +187,7 @@ def test_a_real_data_claim_is_tested_once_both_sides_have_every_seed(rows_dir, t
     text = fidelity_page.page(rows_dir, real_file=tmp_path / "four.csv")
     assert ("waiting for 5 seeds on both sides: csac ≥ fedavg (scratch: 4 and 5 seeds)."
             in text)
-    assert "| csac ≥ fedavg |" not in text
+    assert "| csac ≥ fedavg |" not in text and "unlike a runs file" not in text  # one machine
     write_rows(tmp_path / "five.csv", real)
     text = fidelity_page.page(rows_dir, real_file=tmp_path / "five.csv")
     p = stats.ttest_1samp(gain, 0).pvalue
