@@ -269,11 +269,11 @@ def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
                 if f.default is not dataclasses.MISSING}
     new = export_rows(runs, protocol(values, variant), prints, variant, unlogged)
     old = read_rows(ROOT / ROWS) if (ROOT / ROWS).is_file() else []
-    rows = merge(old, new)
+    rows, again = merge(old, new), repeats(old, new)  # a repeat on other images: nothing written
     write_rows(ROOT / ROWS, rows)
     print(f"{ROWS}: {len(rows)} rows ({len(rows) - len(old)} new); regenerate the pages that "
           "show them: python benchmarks/reproduce.py page && python benchmarks/fidelity.py page")
-    if again := repeats(old, new):
+    if again:
         before = read_rows(ROOT / REPEATS) if (ROOT / REPEATS).is_file() else []
         write_rows(ROOT / REPEATS, merge(before, again, key=on_machine))
         print(f"{REPEATS}: {len(again)} federation{'s' * (len(again) > 1)} of the rows run "
