@@ -87,19 +87,20 @@ def run(dataset: str | None = None, *, config: str | Path | RunConfig | None = N
                                    progress=progress))
 
 
-def resume(target: str | Path, *, tracking_uri: str | None = None,
+def resume(target: str | Path, *, tracking_uri: str | None = None, address: str | None = None,
            out: Callable[[str], None] | None = None, progress: str = "none") -> Results:
     """Continue an interrupted experiment, as ``raydg resume``: ``target`` is its folder
     (:class:`raydg.Interrupted`'s ``experiment_dir``) or its MLflow parent run id;
     ``tracking_uri``: the store where that run id is, and where the experiment's runs are now
-    if the store has moved. Finished federations are kept, the others continue from their last
+    if the store has moved; ``address``: the Ray cluster to continue on, if not the
+    experiment's. Finished federations are kept, the others continue from their last
     checkpoints, into the same MLflow run; the results are the whole experiment's. ``out`` and
     ``progress`` as for :func:`run`."""
     from raydg.experiment import run_experiment
     from raydg.trials.storage import resume_target
 
     folder = resume_target(str(target), tracking_uri)
-    return _results(run_experiment(RunConfig(tracking_uri=tracking_uri),
+    return _results(run_experiment(RunConfig(tracking_uri=tracking_uri, address=address),
                                    out=out or _printer(progress), progress=progress,
                                    resume=folder))
 

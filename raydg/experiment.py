@@ -60,7 +60,7 @@ def run_experiment(cfg: RunConfig, search: Search | None = None,
     say = out if progress != "none" else (lambda _: None)
     manifest = None
     if resume:
-        cfg, search, manifest = resumed(resume, cfg.tracking_uri)
+        cfg, search, manifest = resumed(resume, cfg.tracking_uri, cfg.address)
     plan, data, weights = prepare(cfg, search, manifest, resume, say, out)
     with session(plan, manifest["run_id"] if manifest else None, say) as (local, tracker,
                                                                           on_stop):

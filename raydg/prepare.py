@@ -14,6 +14,7 @@ from raydg import plugins
 from raydg.cluster import check_cluster
 from raydg.config import RunConfig, Search
 from raydg.datasets import MultiDomainDataset
+from raydg.errors import RaydgError
 from raydg.forked import apart
 from raydg.plan import Plan, Runtime, check_federations, runtime
 from raydg.trials.storage import check_storage, verify_checkpoints
@@ -29,7 +30,13 @@ def prepare(cfg: RunConfig, search: Search | None, manifest: dict[str, Any] | No
     experiment in ``resume`` (whose ``manifest`` names its plugins), the checkpoints to
     continue from."""
     where = runtime(cfg)
-    check_cluster(where.address)  # first: a cluster that cannot be joined ends it at once
+    try:  # first: a cluster that cannot be joined ends it at once
+        check_cluster(where.address)
+    except RaydgError as err:
+        if resume is None:
+            raise
+        raise RaydgError(f"{err} (raydg resume --address names the cluster to continue "
+                         "on)") from None
     if manifest is not None:
         plugins.check_unchanged(cfg.plugins, manifest["plugins"])
     plugins.load(cfg.plugins)  # here too: a plugin's dataset is loaded here

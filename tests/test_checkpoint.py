@@ -19,14 +19,15 @@ import torch
 from ray import tune
 
 from raydg import checkpoint
-from raydg.api import simulation
+from raydg.api import resume, simulation
+from raydg.config import RunConfig, to_dict
 from raydg.datasets import load_dataset
 from raydg.engine.client import ClientState
 from raydg.errors import RaydgError
 from raydg.partition import ClientData
 from raydg.results import timing_free
-from raydg.trials.storage import verify_checkpoints
-from tests.conftest import stopped_and_restored, tiny_config
+from raydg.trials.storage import verify_checkpoints, write_manifest
+from tests.conftest import free_ports, stopped_and_restored, tiny_config
 
 CONFIG = {"dataset": "digits-style", "rounds": 3, "actors": 2, "storage": "/a"}
 
@@ -205,3 +206,18 @@ def test_a_resume_check_is_silent_about_trials_that_never_started(tmp_path):
         tune_logger.removeHandler(handler)
         tune_logger.setLevel(level)
     assert [r.getMessage() for r in records] == []
+
+
+def test_a_resume_names_the_cluster_to_continue_on_where_the_experiments_is_gone(tmp_path):
+    """The experiment's manifest names a Ray head that no longer listens: the resume says so
+    and how to name another; ``address`` is then the cluster it joins, the manifest's
+    config otherwise kept."""
+    gone, other = free_ports(2)
+    folder = tmp_path / "exp"
+    write_manifest(str(folder), {"run_id": "0" * 32, "search": {}, "config": to_dict(
+        RunConfig(address=f"127.0.0.1:{gone}", tracking_uri=f"sqlite:///{tmp_path}/m.db"))})
+    with pytest.raises(RaydgError, match=rf"cannot reach the Ray cluster at 127.0.0.1:{gone}: "
+                                         r".*\(raydg resume --address names the cluster"):
+        resume(folder)
+    with pytest.raises(RaydgError, match=rf"cannot reach the Ray cluster at 127.0.0.1:{other}"):
+        resume(folder, address=f"127.0.0.1:{other}")

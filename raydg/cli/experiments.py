@@ -74,8 +74,12 @@ def sweep(sweep_file: str, sets: tuple[str, ...], grid: tuple[str, ...],
 @click.option("--tracking-uri", help="MLflow store of the run: where to look up TARGET when it "
                                      "is a run id, and where the experiment's runs are now "
                                      "when the store has moved. [default: the experiment's]")
+@click.option("--address", help="Ray cluster to continue on, where the experiment's is gone or "
+                               "was started again elsewhere: HOST:PORT, auto, or local (a "
+                               "fresh Ray on this machine). [default: the experiment's]")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the tables, no progress.")
-def resume(target: str | None, tracking_uri: str | None, quiet: bool) -> None:
+def resume(target: str | None, tracking_uri: str | None, address: str | None,
+           quiet: bool) -> None:
     """Continue an interrupted experiment: TARGET is its folder (printed at its start and when
     it stops) or its MLflow parent run id. Finished federations are kept, the others continue
     from their last checkpoints, into the same MLflow run. Without TARGET: list the
@@ -85,7 +89,8 @@ def resume(target: str | None, tracking_uri: str | None, quiet: bool) -> None:
     if target is None:
         _list_unfinished()
         return
-    api.resume(target, tracking_uri=tracking_uri, out=click.echo, progress=_progress(quiet))
+    api.resume(target, tracking_uri=tracking_uri, address=address, out=click.echo,
+               progress=_progress(quiet))
 
 
 def _list_unfinished() -> None:

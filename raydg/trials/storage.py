@@ -83,12 +83,15 @@ def read_manifest(directory: str, resumable: bool = True) -> dict[str, Any]:
     return manifest
 
 
-def resumed(directory: str, tracking: str | None) -> tuple[RunConfig, Search, dict[str, Any]]:
+def resumed(directory: str, tracking: str | None, address: str | None = None
+            ) -> tuple[RunConfig, Search, dict[str, Any]]:
     """The config, search and manifest of the experiment in ``directory``; ``tracking``, when
-    given, is where its MLflow store is now (the store moved)."""
+    given, is where its MLflow store is now (the store moved), and ``address`` the Ray
+    cluster to continue on (the experiment's is gone, or started again elsewhere)."""
     manifest = read_manifest(directory)
     cfg = RunConfig(**manifest["config"])
-    cfg = dataclasses.replace(cfg, tracking_uri=tracking or cfg.tracking_uri)
+    cfg = dataclasses.replace(cfg, tracking_uri=tracking or cfg.tracking_uri,
+                              address=address or cfg.address)
     return cfg, Search(**manifest["search"]), manifest
 
 
