@@ -75,11 +75,16 @@ def group_rows(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return {**about, "seconds": seconds}, rows
 
 
-def real_rows(path: Path) -> list[dict[str, Any]]:
-    """The real-data regime's rows: the runs of CSAC Table 3's protocol (docs/reproduction.md's
-    rows file, its variants in REAL_REGIMES) at the selected round; of each method, the seeds
-    that have every target (a seed still running is left out)."""
-    rows = [r for r in read_rows(path) if r["variant"] in REAL_REGIMES]
+def regime_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of the real-data regime in ``path`` (docs/reproduction.md's rows file): the
+    runs of CSAC Table 3's protocol and of its variants in REAL_REGIMES."""
+    return [r for r in read_rows(path) if r["variant"] in REAL_REGIMES]
+
+
+def real_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The real-data regime's ``rows`` (:func:`regime_rows`) as the page's rows, at the
+    selected round; of each method, the seeds that have every target (a seed still running is
+    left out)."""
     targets = {r["target"] for r in rows}
     ran = Counter((r["method"], r["variant"], r["seed"]) for r in rows)
     return [{"method": r["method"], "setting": "", "target": r["target"], "seed": r["seed"],
@@ -90,10 +95,10 @@ def real_rows(path: Path) -> list[dict[str, Any]]:
             if ran[r["method"], r["variant"], r["seed"]] == len(targets)]
 
 
-def real_source(path: Path) -> str:
-    """The sentence naming the real-data regime's rows file and, where its rows come from
-    more than one machine, which (its claims then pair rows across machines)."""
-    rows = [r for r in read_rows(path) if r["variant"] in REAL_REGIMES]
+def real_source(rows: list[dict[str, Any]]) -> str:
+    """The sentence naming the real-data regime's rows file and, where its ``rows``
+    (:func:`regime_rows`) come from more than one machine, which (its claims then pair rows
+    across machines)."""
     machines = first_seen([r["machine"] for r in rows if r["machine"]])
     older = " and rows exported before its machine column" if any(
         not r["machine"] for r in rows) else ""
@@ -310,7 +315,8 @@ def page(rows_dir: Path, shown: Path = ROWS, real_file: Path | None = None) -> s
     done = {(a["dataset"], a["regime"], a["protocol"]) for a, _ in groups}
     missing = [" ".join(g) for g in itertools.product(DATASETS, REGIMES, PROTOCOLS)
                if g not in done]
-    real = real_rows(real_file) if real_file else []
+    stored = regime_rows(real_file) if real_file else []
+    real = real_rows(stored)
     tested, waiting = judged(real)
     claims = claim_rows(rows + tested)
     out = ["# Fidelity of the seed methods on the embedded benchmarks"
@@ -325,7 +331,7 @@ def page(rows_dir: Path, shown: Path = ROWS, real_file: Path | None = None) -> s
            "one machine and every claim compares runs of one file. Seeds "
            f"{list(next(iter(seeds)))} for every method and claim, fixed before any run. See "
            "the docstring of `benchmarks/fidelity.py` for the protocols."
-           + (real_source(real_file) if real else ""), "",
+           + (real_source(stored) if real else ""), "",
            "Accuracy (%) on the held-out domain at the round selected by mean source "
            "validation, with each method's hyper-parameters selected per domain by mean "
            "source validation over the seeds (never by target accuracy). A method's name "

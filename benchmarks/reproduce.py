@@ -47,6 +47,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
 from raydg import config as config_mod
 from raydg.config_files import load_yaml
@@ -56,6 +57,7 @@ from raydg.reporting.reproduction import Goal, page, to_run
 from raydg.reporting.reproduction_rows import (
     COMPOSED,
     export_rows,
+    federation,
     merge,
     on_machine,
     read_rows,
@@ -129,10 +131,9 @@ def render() -> str:
     """docs/reproduction.md from the committed rows and the paper config."""
     values = load_yaml(str(ROOT / CONFIG))
     paper = paper_numbers(values, str(CONFIG))
-    repeats = read_rows(ROOT / REPEATS) if (ROOT / REPEATS).is_file() else []
     return page(read_rows(ROOT / ROWS), paper, NAMES, GOALS, values["seeds"], str(ROWS),
                 "python benchmarks/reproduce.py page", str(CONFIG), designs=[DESIGN],
-                repeats=(repeats, str(REPEATS)))
+                repeats=(_stored(REPEATS), str(REPEATS)))
 
 
 def protocol(values: dict[str, object], variant: dict[str, str]
@@ -171,8 +172,7 @@ def todo() -> list[str]:
 def todo_design_r(tier: int) -> list[str]:
     """The ``raydg run`` commands of design R that the rows file lacks, one per federation,
     seed by seed in DESIGN_R's order (tier 1: every row but fedfd and fedfd-a; tier 2: all)."""
-    rows = read_rows(ROOT / ROWS)
-    have = {(r["method"], r["variant"], r["target"], int(r["seed"])) for r in rows}
+    have = {federation(r) for r in read_rows(ROOT / ROWS)}
     design = DESIGN_R if tier == 2 else DESIGN_R[:-2]
     out = []
     for seed in DESIGN_R_SEEDS:
@@ -247,6 +247,12 @@ def _experiment(command: list[str]) -> tuple[str, dict[str, str]]:
     return command[command.index("--experiment") + 1], variant
 
 
+def _stored(path: Path) -> list[dict[str, Any]]:
+    """The committed rows file ``path`` (under the repository's root); none before its first
+    export."""
+    return read_rows(ROOT / path) if (ROOT / path).is_file() else []
+
+
 def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
     import dataclasses
 
@@ -268,14 +274,13 @@ def export(tracking_uri: str, experiment: str, variant: dict[str, str]) -> None:
     unlogged = {f.name: str(f.default) for f in dataclasses.fields(RunConfig)
                 if f.default is not dataclasses.MISSING}
     new = export_rows(runs, protocol(values, variant), prints, variant, unlogged)
-    old = read_rows(ROOT / ROWS) if (ROOT / ROWS).is_file() else []
+    old = _stored(ROWS)
     rows, again = merge(old, new), repeats(old, new)  # a repeat on other images: nothing written
     write_rows(ROOT / ROWS, rows)
     print(f"{ROWS}: {len(rows)} rows ({len(rows) - len(old)} new); regenerate the pages that "
           "show them: python benchmarks/reproduce.py page && python benchmarks/fidelity.py page")
     if again:
-        before = read_rows(ROOT / REPEATS) if (ROOT / REPEATS).is_file() else []
-        write_rows(ROOT / REPEATS, merge(before, again, key=on_machine))
+        write_rows(ROOT / REPEATS, merge(_stored(REPEATS), again, key=on_machine))
         print(f"{REPEATS}: {len(again)} federation{'s' * (len(again) > 1)} of the rows run "
               "again on another machine")
 
