@@ -62,6 +62,7 @@ from raydg.reporting.reproduction_rows import (
     on_machine,
     read_rows,
     repeats,
+    row_label,
     write_rows,
 )
 
@@ -172,7 +173,7 @@ def todo() -> list[str]:
 def todo_design_r(tier: int) -> list[str]:
     """The ``raydg run`` commands of design R that the rows file lacks, one per federation,
     seed by seed in DESIGN_R's order (tier 1: every row but fedfd and fedfd-a; tier 2: all)."""
-    have = {federation(r) for r in read_rows(ROOT / ROWS)}
+    have = {(row_label(r), *federation(r)[1:]) for r in read_rows(ROOT / ROWS)}
     design = DESIGN_R if tier == 2 else DESIGN_R[:-2]
     out = []
     for seed in DESIGN_R_SEEDS:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from raydg.reporting.reproduction_rows import row_label
 from raydg.results import whole_seeds
 
 
@@ -45,7 +46,7 @@ def _seed_means(rows: list[dict[str, Any]], method: str, variant: str,
                 targets: Sequence[str], seeds: Sequence[int], selection: str
                 ) -> dict[int, float]:
     """The mean over ``targets`` of each seed in ``seeds`` that has them all."""
-    mine = [r for r in rows if r["method"] == method and r["variant"] == variant
+    mine = [r for r in rows if row_label(r) == method and r["variant"] == variant
             and r["seed"] in seeds]
     return {s: float(np.mean([v[t] for t in targets]))
             for s, v in whole_seeds(mine, selection, targets).items()}
@@ -95,7 +96,7 @@ def machines_line(rows: list[dict[str, Any]], design: Design) -> list[str]:
     from two recorded machines, and how many a row whose machine is unrecorded; nothing where
     every pair ran on one machine."""
     def machines(method: str, variant: str, seed: int) -> set[str]:
-        return {r["machine"] for r in rows if (r["method"], r["variant"], r["seed"]) ==
+        return {r["machine"] for r in rows if (row_label(r), r["variant"], r["seed"]) ==
                 (method, variant, seed) and r["target"] in design.targets}
 
     def whole(method: str, variant: str) -> set[int]:

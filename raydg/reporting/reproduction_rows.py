@@ -69,6 +69,13 @@ def federation(row: dict[str, Any]) -> tuple[str, str, str, int]:
     return row["method"], row["variant"], row["target"], int(row["seed"])
 
 
+def row_label(row: dict[str, Any]) -> str:
+    """The row as designs and tables name it: its method, and the options its run set in
+    square brackets where it set any (``fedfd [cafl_reduction=mean]``: a regime's or a paper
+    config's choice; never shown under the plain method name)."""
+    return row["method"] + (f" [{row['options']}]" if row.get("options") else "")
+
+
 def on_machine(row: dict[str, Any]) -> tuple[str, str, str, int, str]:
     """A federation on one machine: :func:`federation` and the row's ``machine``."""
     return (*federation(row), row["machine"])
