@@ -277,6 +277,27 @@ def test_a_designs_comparison_is_the_paired_difference_with_its_t_interval():
             f"{1.667 + half:+.2f}] | fedprox >= fedavg (S) | holds |") in text
 
 
+def test_a_design_names_a_row_with_the_options_its_runs_set(tmp_path, monkeypatch):
+    """``fedfd [cafl_reduction=mean]`` is the rows of fedfd whose options are that: a design
+    row so named pairs them with its baseline, the plain name finds none, and design R's list
+    of runs still to do leaves out the federations they cover."""
+    rows = [{**_row("fedfd", t, s, a), "options": "cafl_reduction=mean"} for t, s, a in (
+        ("M0", 0, 82.0), ("M75", 0, 86.0), ("M0", 1, 80.0), ("M75", 1, 84.0))]
+    rows += [_row("fedavg", t, s, 81.0) for t in ("M0", "M75") for s in (0, 1)]
+    got = compare(rows, Comparison("fedfd [cafl_reduction=mean]", "", "fedavg", "", ">=", "S"),
+                  ("M0", "M75"), (0, 1), "oracle")
+    assert got["seeds"] == [0, 1] and got["mean"] == pytest.approx(((84 - 81) + (82 - 81)) / 2)
+    plain = compare(rows, Comparison("fedfd", "", "fedavg", "", ">=", "S"), ("M0", "M75"),
+                    (0, 1), "oracle")
+    assert plain["verdict"] == "waits (0 and 2 of 2 seeds)"
+    module = load_benchmark("reproduce")
+    m75 = {**rows[1], "variant": module.BN}  # fedfd [cafl_reduction=mean] on M75
+    write_rows(tmp_path / module.ROWS, [{**m75, "seed": s} for s in (0, 1, 2)])
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    fedfd = [line for line in module.todo_design_r(2) if "--method fedfd " in line]
+    assert len(fedfd) == 3 and all("--target M0" in line for line in fedfd)  # M75: all in
+
+
 def test_a_federation_run_again_on_another_machine_is_kept_apart_and_compared():
     """A repeat (same federation, another recorded machine) leaves the rows as they are; the
     page shows both machines' accuracies, the differences, their mean with the t-interval
