@@ -18,9 +18,10 @@ from raydg.results import whole_seeds
 
 @dataclass(frozen=True)
 class Comparison:
-    """``method`` (rows of ``variant``) against ``baseline`` (rows of ``baseline_variant``),
-    paired over seeds on the mean of the design's targets; ``relation`` ``>=`` or ``=``:
-    what ``source`` claims."""
+    """``method`` (the rows of ``variant`` that
+    :func:`~raydg.reporting.reproduction_rows.row_label` so names) against ``baseline`` (those
+    of ``baseline_variant``), paired over seeds on the mean of the design's targets;
+    ``relation`` ``>=`` or ``=``: what ``source`` claims."""
 
     method: str
     variant: str

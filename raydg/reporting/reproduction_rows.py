@@ -70,9 +70,9 @@ def federation(row: dict[str, Any]) -> tuple[str, str, str, int]:
 
 
 def row_label(row: dict[str, Any]) -> str:
-    """The row as designs and tables name it: its method, and the options its run set in
-    square brackets where it set any (``fedfd [cafl_reduction=mean]``: a regime's or a paper
-    config's choice; never shown under the plain method name)."""
+    """The row as a design names it: its method, and the options its run set in square
+    brackets where it set any (``fedfd [cafl_reduction=mean]``, a regime's choice), so that a
+    setting that is not the paper's never passes under the plain method name."""
     return row["method"] + (f" [{row['options']}]" if row.get("options") else "")
 
 
