@@ -371,13 +371,19 @@ def paired_difference(rows: list[dict[str, Any]], method: str,
                       baseline: str) -> tuple[float, float, int]:
     """:func:`seed_differences`: their mean, the half-width of its 95 % t-interval (NaN for
     one seed) and the number of seeds."""
+    d = seed_differences(rows, method, baseline)
+    return (*t_interval(d), len(d))
+
+
+def t_interval(d: np.ndarray) -> tuple[float, float]:
+    """The mean of ``d`` (NaN for none) and the half width of its 95 % t-interval (NaN for
+    fewer than two values)."""
     from scipy import stats
 
-    d = seed_differences(rows, method, baseline)
     if len(d) < 2:
-        return (float(d.mean()) if len(d) else float("nan")), float("nan"), len(d)
-    half = float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
-    return float(d.mean()), half, len(d)
+        return (float(d.mean()) if len(d) else float("nan")), float("nan")
+    return float(d.mean()), float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1)
+                                  / np.sqrt(len(d)))
 
 
 def holm(pvalues: Sequence[float]) -> list[float]:

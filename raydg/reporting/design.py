@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from raydg.reporting.reproduction_rows import row_label
-from raydg.results import whole_seeds
+from raydg.results import t_interval, whole_seeds
 
 
 @dataclass(frozen=True)
@@ -80,16 +80,6 @@ def compare(rows: list[dict[str, Any]], c: Comparison, targets: Sequence[str],
     else:
         verdict = "holds" if low > 0 else "reversed" if high < 0 else "not significant"
     return {**out, "mean": mean, "half": half, "verdict": verdict}
-
-
-def t_interval(d: np.ndarray) -> tuple[float, float]:
-    """The mean of ``d`` and the half width of its 95 % t-interval (NaN for one value)."""
-    from scipy import stats
-
-    if len(d) < 2:
-        return float(d.mean()), float("nan")
-    return float(d.mean()), float(stats.t.ppf(0.975, len(d) - 1) * d.std(ddof=1)
-                                  / np.sqrt(len(d)))
 
 
 def machines_line(rows: list[dict[str, Any]], design: Design) -> list[str]:

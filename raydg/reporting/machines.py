@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from raydg.reporting.design import t_interval
 from raydg.reporting.reproduction_rows import federation
+from raydg.results import t_interval
 
 
 def machines_section(rows: list[dict[str, Any]]) -> list[str]:
