@@ -29,7 +29,7 @@ def session(plan: Plan, run_id: str | None, say: Callable[[str], None]
     say(f"raydg: joining the Ray cluster at {where.address}" if where.address
         else "raydg: starting Ray")
     with ThreadPoolExecutor(1) as pool:
-        store = pool.submit(check_store, where.tracking_uri) if sqlite else None
+        store = pool.submit(check_store, where.tracking_uri, where.cache) if sqlite else None
         with ray_session(where.address, where.dashboard, plan.plugins, say) as (local, on_stop):
             if store is not None:
                 store.result()

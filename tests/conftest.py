@@ -22,6 +22,7 @@ from filelock import FileLock
 
 from raydg.cluster import lean
 from raydg.config import RunConfig
+from raydg.engine.parking import keep_warm
 from raydg.resolve import resolve
 
 # Two xdist workers, their Ray actors and the commands they start share the cores: torch's
@@ -134,20 +135,28 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.fixture(autouse=True, scope="session")
-def mlflow_tables_from_a_template(tmp_path_factory):
-    """A new MLflow SQLite store gets its tables by replaying MLflow's migrations: 1.5 s of CPU
-    each, and the tests make well over a hundred. In the test processes (not in the commands
-    they start) a new store's empty file receives, through SQLite's backup API, a copy of the
-    tables that MLflow made once for the session: the same schema and revision, in 0.03 s."""
-    from mlflow.store.db import utils
-    from sqlalchemy import create_engine
+@pytest.fixture(scope="module")
+def warm_actors(ray_session):
+    """A module of simulations on one Ray whose client actors a finished simulation leaves to
+    the next (:func:`raydg.engine.parking.keep_warm`): a few actors started, not two a test."""
+    with keep_warm():
+        yield
 
-    template = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+
+@pytest.fixture(autouse=True, scope="session")
+def mlflow_tables_from_a_template():
+    """A new MLflow SQLite store gets its tables by replaying MLflow's migrations: 1.5 s of CPU
+    each, and the tests make well over a hundred. An experiment's new store gets them from the
+    cache's template (:func:`raydg.tracking.store.check_store`); in the test processes every
+    other new store does too: its empty file receives, through SQLite's backup API, a copy of
+    that template, in 0.03 s."""
+    from mlflow.store.db import utils
+
+    from raydg.datasets.cache import cache_root
+    from raydg.tracking.store import tables_template
+
+    template = tables_template(cache_root(None))
     made = utils._initialize_tables
-    engine = create_engine(f"sqlite:///{template}")
-    made(engine)
-    engine.dispose()
 
     def initialize(engine) -> None:
         path = engine.url.database

@@ -184,7 +184,7 @@ def _assert_ledger_holds_the_windows(sim, result, channels: int, bank_size: int)
     assert np.isfinite(result.history[-1]["train_loss"])
 
 
-def test_augment_ampmix_with_fedbn_on_digits_style(ray_session):
+def test_augment_ampmix_with_fedbn_on_digits_style(warm_actors):
     composed = method_class("fedbn", "ampmix")
     assert composed.__mro__[1:3] == (METHODS.get("ampmix"), METHODS.get("fedbn"))
     cfg = tiny_config(method="fedbn", augment="ampmix", rounds=1, local_steps=2, actors=1)
@@ -197,7 +197,7 @@ def test_augment_ampmix_with_fedbn_on_digits_style(ray_session):
     assert bn and bn <= sim.local_keys  # FedBN's local statistics are still in place
 
 
-def test_ampmix_on_digits_rot_banks_a_subsample(ray_session):
+def test_ampmix_on_digits_rot_banks_a_subsample(warm_actors):
     cfg = tiny_config(dataset="digits-rot", target="M75", method="am", rounds=1,
                       local_steps=2, actors=1, options={"bank_size": 10})
     sim, result = _run(cfg)

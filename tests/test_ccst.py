@@ -103,7 +103,7 @@ def test_algorithm_1_k_distinct_clients_own_client_is_the_original():
 
 
 @pytest.mark.parametrize(("style", "per_client"), [("overall", 1), ("single", 4)])
-def test_bank_shapes_and_only_style_vectors_travel(style, per_client, ray_session):
+def test_bank_shapes_and_only_style_vectors_travel(style, per_client, warm_actors):
     cfg = tiny_config(method="ccst", rounds=1, local_steps=2,
                       options={"style": style, "k": 2, "single_styles": per_client})
     data = load_dataset(cfg.dataset, None, cfg.image_size)
@@ -208,7 +208,7 @@ def test_augment_composes_with_other_methods_and_refuses_non_augmentations():
         method_class("ccst", "ccst")
 
 
-def test_augment_ccst_runs_with_fedbn_on_ray(ray_session):
+def test_augment_ccst_runs_with_fedbn_on_ray(warm_actors):
     cfg = tiny_config(method="fedbn", augment="ccst", rounds=1, local_steps=2,
                       options={"k": 2})
     assert method_label(cfg) == "fedbn+ccst-pixel"  # the pixel coder is never called ccst

@@ -129,7 +129,7 @@ def test_a_tampered_checkpoint_with_a_matching_manifest_is_one_line(tmp_path, mo
         checkpoint.read(folder, CONFIG)
 
 
-@pytest.mark.usefixtures("ray_session")
+@pytest.mark.usefixtures("warm_actors")
 @pytest.mark.parametrize(("method", "options", "extra"), [
     ("fedbn", {}, {"validate_clients": "sampled"}), ("csac", {"acquire_steps": 3}, {}),
     ("ccst", {"k": 2}, {})])
@@ -150,7 +150,7 @@ def test_a_restored_federation_ends_as_the_undisturbed_one(method, options, extr
     assert whole.tables["ledger"] == again.tables["ledger"]
 
 
-@pytest.mark.usefixtures("ray_session")
+@pytest.mark.usefixtures("warm_actors")
 def test_a_federation_that_fails_to_start_leaves_no_actor_behind():
     import psutil
 
@@ -173,7 +173,7 @@ def test_a_federation_that_fails_to_start_leaves_no_actor_behind():
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("ray_session")
+@pytest.mark.usefixtures("warm_actors")
 def test_a_resume_check_is_silent_about_trials_that_never_started(tmp_path):
     """A Tune experiment interrupted while a trial waited for resources (as the Rotated MNIST
     experiments were at every stop): its state names a pending trial without metric files,

@@ -230,7 +230,7 @@ def test_options_are_checked():
 
 
 @pytest.mark.slow
-def test_a_csac_run_exchanges_only_model_state_and_logs_weights(ray_session, tmp_path):
+def test_a_csac_run_exchanges_only_model_state_and_logs_weights(warm_actors, tmp_path):
     cfg = tiny_config(dataset="digits-rot", target="M75", method="csac", rounds=2,
                       local_steps=2, options={"acquire_steps": 2})
     data = load_dataset(cfg.dataset, None, cfg.image_size)

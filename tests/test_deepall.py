@@ -55,7 +55,7 @@ def test_options_are_checked():
 
 
 @pytest.mark.parametrize(("dataset", "target"), [("digits-style", "sketch"), ("digits-rot", "M0")])
-def test_deepall_runs_end_to_end_with_one_client(dataset, target, ray_session):
+def test_deepall_runs_end_to_end_with_one_client(dataset, target, warm_actors):
     cfg = tiny_config(dataset=dataset, target=target, method="deepall", rounds=2, local_steps=2)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     sim = simulation(cfg, data, log=lambda _: None)

@@ -107,7 +107,7 @@ def test_batches_carry_the_own_images_and_their_interpolated_copy():
             METHODS.get("elcfs").parse_options(bad)
 
 
-def test_elcfs_federation_on_digits_rot(ray_session):
+def test_elcfs_federation_on_digits_rot(warm_actors):
     cfg = tiny_config(dataset="digits-rot", target="M75", method="feddg", rounds=2,
                       local_steps=3, actors=1)
     data = load_dataset(cfg.dataset, None, cfg.image_size)

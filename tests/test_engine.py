@@ -15,6 +15,7 @@ import torch
 from raydg import seeding, state
 from raydg.api import simulation
 from raydg.datasets import load_dataset
+from raydg.engine import parking
 from raydg.engine.actors import balanced_groups
 from raydg.engine.client import ClientHost, RuntimeSpec, on_host
 from raydg.methods import Method, method_class
@@ -23,7 +24,7 @@ from raydg.partition import Partition, make_clients, plan_clients
 from raydg.results import round_summaries, steps_per_client, timing_free
 from tests.conftest import tiny_config
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+pytestmark = pytest.mark.usefixtures("warm_actors")
 
 
 def _run(**overrides):
@@ -66,6 +67,29 @@ def test_one_and_two_actors_give_bit_identical_weights():
     assert timing_free(one.history) == timing_free(two.history)
     for run, actors in ((one, 1), (two, 2)):
         _check_phase_times(run, actors)
+
+
+def test_a_warm_blocks_next_simulation_resets_the_same_actors_to_the_same_result():
+    """In this module's keep_warm block: a simulation on new actors (those parked before,
+    released), the next on the same processes reset, a third of another shape on new ones;
+    the first two end bit for bit alike, and released actors are gone."""
+    parking.release_free()
+    fresh, warm = _run(rounds=1)[1], _run(rounds=1)[1]
+    clients = [[r for r in run.tables["placement"] if r["role"] == "client"]
+               for run in (fresh, warm)]
+    pids = [[r["pid"] for r in rows] for rows in clients]
+    assert pids[0] == pids[1] and len(pids[0]) == 2
+    assert [{r["reused"] for r in rows} for rows in clients] == [{False}, {True}]
+    for k in fresh.global_state:
+        np.testing.assert_array_equal(fresh.global_state[k], warm.global_state[k], err_msg=k)
+    assert timing_free(fresh.history) == timing_free(warm.history)
+    (parked,) = [actors for _, actors in parking._PARKED.values()]
+    other = _run(rounds=1, actors=1)[1]  # another shape: the two parked actors are killed
+    (new,) = [r["pid"] for r in other.tables["placement"] if r["role"] == "client"]
+    assert new not in pids[0]
+    for actor in parked:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.where.remote())
 
 
 def _check_phase_times(run, actors: int) -> None:

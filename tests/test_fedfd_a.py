@@ -83,7 +83,7 @@ def test_adapter_parameter_count_matches_table_4():
     assert (with_adapter - base) / 1e6 == pytest.approx(0.22, abs=0.005)
 
 
-def test_fedfd_a_runs_on_ray_and_reports_every_inference_mode(ray_session):
+def test_fedfd_a_runs_on_ray_and_reports_every_inference_mode(warm_actors):
     from raydg.api import simulation
 
     cfg = tiny_config(method="fedfd-a", rounds=2, local_steps=2, clients=4, actors=2)

@@ -127,7 +127,7 @@ def test_defaults_and_registry():
 @pytest.mark.parametrize(("dataset", "target", "method", "aggregation"), [
     ("digits-style", "sketch", "fedgma", None), ("digits-rot", "M30", "fedprox", "fedgma")])
 def test_end_to_end_masks_every_weight_and_shares_only_parameters(
-        dataset, target, method, aggregation, ray_session):
+        dataset, target, method, aggregation, warm_actors):
     cfg = tiny_config(dataset=dataset, target=target, method=method, aggregation=aggregation,
                       rounds=1, local_steps=1, actors=1)
     data = load_dataset(cfg.dataset, None, cfg.image_size)

@@ -182,7 +182,7 @@ def test_listed_as_a_method():
 @pytest.mark.parametrize(("dataset", "target"), [("digits-style", "sketch"),
                                                  ("digits-rot", "M75")])
 def test_tiny_federation_logs_regularisers_and_reproduces_elsewhere(dataset, target,
-                                                                    ray_session):
+                                                                    warm_actors):
     cfg = tiny_config(dataset=dataset, target=target, method="fedsr", local_steps=3,
                       actors=1, options={"z_dim": 16, "samples": 4})
     data = load_dataset(cfg.dataset, None, cfg.image_size)

@@ -119,7 +119,7 @@ def test_list_methods_shows_how_each_composes():
 @pytest.mark.parametrize(("dataset", "target", "method", "rounds"), [
     ("digits-style", "sketch", "fedprox", 3), ("digits-rot", "M30", "fedavg", 2)])
 def test_ga_composes_end_to_end_and_its_weights_follow_the_recorded_gaps(
-        dataset, target, method, rounds, ray_session):
+        dataset, target, method, rounds, warm_actors):
     cfg = tiny_config(dataset=dataset, target=target, method=method, aggregation="ga",
                       rounds=rounds, local_steps=2)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
@@ -154,7 +154,7 @@ def test_ga_refuses_a_method_that_aggregates_without_weights():
 
 
 @pytest.mark.slow
-def test_a_restored_ga_federation_ends_as_the_undisturbed_one(ray_session, tmp_path):
+def test_a_restored_ga_federation_ends_as_the_undisturbed_one(warm_actors, tmp_path):
     """GA's weights live on the driver: they survive a checkpoint between rounds."""
     cfg = tiny_config(aggregation="ga", clients=4, sample=3, rounds=3, local_steps=2,
                       options={"selection": "weighted"})

@@ -69,7 +69,7 @@ def test_prediction_is_the_log_of_the_members_mean_softmax():
 
 
 @pytest.mark.parametrize(("dataset", "target"), [("digits-style", "sketch"), ("digits-rot", "M0")])
-def test_local_runs_end_to_end(dataset, target, ray_session):
+def test_local_runs_end_to_end(dataset, target, warm_actors):
     cfg = tiny_config(dataset=dataset, target=target, method="local", rounds=1, local_steps=1)
     data = load_dataset(cfg.dataset, None, cfg.image_size)
     sim = simulation(cfg, data, log=lambda _: None)

@@ -1,14 +1,18 @@
 """The MLflow writer: a store that stops answering loses nothing; a fresh store is created once
-by concurrent first runs; logging a model draws no progress bar."""
+by concurrent first runs, its tables copied from the cache's template as MLflow makes them;
+logging a model draws no progress bar."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import subprocess
 import sys
 import types
 from collections.abc import Callable
 from typing import Any
 
+import mlflow
 import numpy as np
 import pytest
 from mlflow import MlflowClient
@@ -108,12 +112,42 @@ def test_a_store_gone_for_good_is_an_error_at_the_end(tmp_path):
 @pytest.mark.slow
 def test_concurrent_first_runs_create_one_store(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code = f"from raydg.tracking.store import check_store; check_store({uri!r})"
-    procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
-             for _ in range(3)]
+    code = ("import sys; from raydg.tracking.store import check_store; "
+            "check_store(sys.argv[1], sys.argv[2])")
+    procs = [subprocess.Popen([sys.executable, "-c", code, uri, str(tmp_path / "cache")],
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], errors
     assert MlflowClient(uri).search_experiments()  # the store works afterwards
+    assert [p.name for p in (tmp_path / "cache").glob("*.db")] == [
+        f"mlflow-{mlflow.__version__}-tables.db"]  # one template, made once
+
+
+def test_a_store_from_the_caches_template_is_the_store_mlflow_makes(tmp_path):
+    """In a command of its own (outside this suite's template): stores made by MLflow's
+    migrations, from a new template, from it again, and with a cache that cannot be written
+    hold the same tables, revision and Default experiment."""
+    (tmp_path / "a-file").touch()
+    caches = {"mlflow": "", "template": tmp_path / "cache", "again": tmp_path / "cache",
+              "unwritable": tmp_path / "a-file" / "cache"}
+    code = ("import sys; from raydg.tracking.store import check_store\n"
+            "for uri, cache in zip(sys.argv[1::2], sys.argv[2::2]): check_store(uri, cache)")
+    args = [a for name, cache in caches.items()
+            for a in (f"sqlite:///{tmp_path}/{name}.db", str(cache))]
+    subprocess.run([sys.executable, "-c", code, *args], check=True, cwd=tmp_path)
+
+    def store(name: str) -> tuple[list[Any], ...]:
+        with contextlib.closing(sqlite3.connect(tmp_path / f"{name}.db")) as db:
+            return tuple(sorted(db.execute(query).fetchall()) for query in (
+                "SELECT type, name, sql FROM sqlite_master", "SELECT * FROM alembic_version",
+                "SELECT experiment_id, name, artifact_location FROM experiments"))
+
+    made = store("mlflow")
+    assert made[2] == [(0, "Default", f"{tmp_path}/mlruns/0")] and len(made[0]) > 100
+    assert all(store(name) == made for name in caches)
+    with contextlib.closing(sqlite3.connect(
+            tmp_path / "cache" / f"mlflow-{mlflow.__version__}-tables.db")) as template:
+        assert template.execute("SELECT COUNT(*) FROM experiments").fetchone() == (0,)
 
 
 def test_accuracies_are_logged_in_percent_and_tagged_so(tmp_path):

@@ -14,7 +14,8 @@ trial's placement group, one each, so a federation holds exactly what its trial 
 starves another; outside a trial (tests, benchmarks) actors are placed freely. A federation that
 finishes inside a trial parks its actors in their bundles: Tune runs the next federation of the
 same resources on the same trial actor and placement group (``reuse_actors``), and that
-federation resets the warm actors (torch imported, threads started) instead of starting new ones.
+federation resets the warm actors (torch imported, threads started) instead of starting new ones;
+outside a trial they are parked only while :func:`raydg.engine.parking.keep_warm` lasts.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raydg.config import RunConfig
+from raydg.engine import parking
 from raydg.engine.client import ClientHost, RuntimeSpec
 from raydg.methods import Upload
 from raydg.partition import ClientData
@@ -85,23 +87,6 @@ def describe_placement(rows: list[dict[str, Any]], cfg: RunConfig) -> str:
 IN_FLIGHT = 2
 STATE = "state"  # concurrency group of adopt/release: they run while the actor trains
 
-# In a trial's driver actor: the client actors a finished federation left in the trial's
-# placement group, by group id, with the (actors, CPU, GPU) they were made for.
-_PARKED: dict[str, tuple[tuple[int, float, float], list[Any]]] = {}
-
-
-def _unpark(n: int, cfg: RunConfig) -> list[Any]:
-    """The parked actors of the current placement group if they fit ``n`` actors of ``cfg``'s
-    resources (reset by the caller); any that do not fit are killed, freeing their bundles."""
-    group = ray.util.get_current_placement_group()
-    kind, actors = _PARKED.pop(group.id.hex(), (None, [])) if group else (None, [])
-    if kind == (n, cfg.cpus_per_actor, cfg.gpus_per_actor):
-        return actors
-    for a in actors:
-        ray.kill(a)
-    return []
-
-
 class ClientPool:
     """The client actors of one simulation, addressed by client id."""
 
@@ -114,7 +99,7 @@ class ClientPool:
         self.moved = 0  # clients that changed actor in the last round
         self._validating: list[Any] = []  # the last validation, which reads the actors' clients
         self.cfg = cfg
-        self.actors = _unpark(len(groups), cfg)
+        self.actors = parking.unpark(self._kind(len(groups)))
         try:
             ray.get([a.reset.remote(rt) for a in self.actors])
         except ray.exceptions.RayActorError:  # a parked actor was lost: start afresh
@@ -224,14 +209,15 @@ class ClientPool:
         ray.get([self.actors[self.home[cid]].set_state.remote(cid, state)
                  for cid, state in states.items()])
 
+    def _kind(self, n: int) -> parking.Kind:
+        return n, self.cfg.cpus_per_actor, self.cfg.gpus_per_actor
+
     def shutdown(self, park: bool = False) -> None:
-        """End the actors; ``park``: inside a trial, leave them for the trial's next federation
-        (after the tasks they already have)."""
-        group = ray.util.get_current_placement_group()
-        if park and group is not None:
+        """End the actors; ``park``: leave them for the next federation where
+        :func:`raydg.engine.parking.place` says (after the tasks they already have)."""
+        if park and parking.place():
             ray.get([a.clear.remote() for a in self.actors])
-            _PARKED[group.id.hex()] = ((len(self.actors), self.cfg.cpus_per_actor,
-                                        self.cfg.gpus_per_actor), self.actors)
+            parking.park(self._kind(len(self.actors)), self.actors)
             return
         for a in self.actors:
             ray.kill(a)

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import sqlite3
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,10 +34,11 @@ def tracking_uri(cfg: RunConfig) -> str:
     return uri
 
 
-def check_store(uri: str) -> None:
+def check_store(uri: str, cache: str | None = None) -> None:
     """Refuse a tracking server that does not answer within ``SERVER_TIMEOUT`` seconds,
     before Ray starts; create a SQLite store under a file lock (concurrent first runs would
-    race in MLflow's schema migration)."""
+    race in MLflow's schema migration), its tables copied from :func:`tables_template` in
+    ``cache`` where one is given."""
     for key, value in HTTP_SETTINGS.items():
         os.environ.setdefault(key, value)
     if uri.startswith(("http://", "https://")):
@@ -51,9 +53,46 @@ def check_store(uri: str) -> None:
         from filelock import FileLock
         from mlflow import MlflowClient
 
+        path = Path(uri[len("sqlite:///"):])
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # no schema-migration INFO lines
-        with FileLock(uri[len("sqlite:///"):] + ".lock"):
+        with FileLock(f"{path}.lock"):
+            if cache and not path.exists():
+                copy_tables(Path(cache), path)
             MlflowClient(uri).search_experiments(max_results=1)
+
+
+def copy_tables(cache: Path, path: Path) -> None:
+    """Give the new SQLite file ``path`` MLflow's tables, through SQLite's backup API, from
+    :func:`tables_template` (0.05 s of CPU where MLflow's migrations take 1.5 s); MLflow adds
+    its Default experiment when it opens the store. A cache that cannot be written leaves the
+    tables to MLflow."""
+    try:
+        template = tables_template(cache)
+    except OSError:  # a read-only cache: MLflow makes the tables, only slower
+        return
+    with contextlib.closing(sqlite3.connect(template)) as source, \
+            contextlib.closing(sqlite3.connect(path)) as store:
+        source.backup(store)
+
+
+def tables_template(cache: Path) -> Path:
+    """``<cache>/mlflow-<version>-tables.db``: the tables that this MLflow version's
+    migrations make, with no experiment in them, made once per cache folder (under a file
+    lock, renamed into place whole)."""
+    import mlflow
+    from filelock import FileLock
+
+    template = cache / f"mlflow-{mlflow.__version__}-tables.db"
+    cache.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{template}.lock"):
+        if not template.exists():
+            with tempfile.TemporaryDirectory(dir=cache) as tmp:
+                made = Path(tmp) / "mlflow.db"
+                mlflow.MlflowClient(f"sqlite:///{made}").search_experiments(max_results=1)
+                with contextlib.closing(sqlite3.connect(made)) as db, db:
+                    db.execute("DELETE FROM experiments")  # the Default one, made where it ran
+                os.replace(made, template)
+    return template
 
 
 def check_sqlite_store(path: Path, shown: str | None = None) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 from ray import tune
 
 from raydg.datasets import MultiDomainDataset
+from raydg.engine import parking
 from raydg.errors import RaydgError
 from raydg.plan import Federation, Plan
 from raydg.results import FederationResult
@@ -53,6 +54,7 @@ def run_federations(plan: Plan, data: MultiDomainDataset,
     # MLflow is the one record: no CSV, JSON or TensorBoard copy per trial (tensorboardX, which
     # ray[tune] installs, would also import torch into the experiment's process)
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    parking.release_free()  # the trials reserve what simulations before them kept warm
     feds = fit_actors(plan, len(data.domains) - 1, started_here, say)
     say(plan.headline(tracker.run_id))
     collector = Collector(feds, tracker, out, progress)
