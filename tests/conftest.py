@@ -8,7 +8,6 @@ import os
 import random
 import shutil
 import socket
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -148,12 +147,12 @@ def mlflow_tables_from_a_template():
     """A new MLflow SQLite store gets its tables by replaying MLflow's migrations: 1.5 s of CPU
     each, and the tests make well over a hundred. An experiment's new store gets them from the
     cache's template (:func:`raydg.tracking.store.check_store`); in the test processes every
-    other new store does too: its empty file receives, through SQLite's backup API, a copy of
-    that template, in 0.03 s."""
+    other new store does too: its empty file receives a copy of that template
+    (:func:`raydg.tracking.store.copy_tables`)."""
     from mlflow.store.db import utils
 
     from raydg.datasets.cache import cache_root
-    from raydg.tracking.store import tables_template
+    from raydg.tracking.store import copy_tables, tables_template
 
     template = tables_template(cache_root(None))
     made = utils._initialize_tables
@@ -162,8 +161,7 @@ def mlflow_tables_from_a_template():
         path = engine.url.database
         if engine.url.get_backend_name() != "sqlite" or not path or path == ":memory:":
             return made(engine)
-        with sqlite3.connect(template) as source, sqlite3.connect(path) as store:
-            source.backup(store)
+        copy_tables(template, Path(path))
 
     utils._initialize_tables = initialize
     yield

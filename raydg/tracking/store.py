@@ -56,20 +56,25 @@ def check_store(uri: str, cache: str | None = None) -> None:
         path = Path(uri[len("sqlite:///"):])
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # no schema-migration INFO lines
         with FileLock(f"{path}.lock"):
-            if cache and not path.exists():
-                copy_tables(Path(cache), path)
+            template = _writable_template(Path(cache)) if cache and not path.exists() else None
+            if template is not None:
+                copy_tables(template, path)
             MlflowClient(uri).search_experiments(max_results=1)
 
 
-def copy_tables(cache: Path, path: Path) -> None:
-    """Give the new SQLite file ``path`` MLflow's tables, through SQLite's backup API, from
-    :func:`tables_template` (0.05 s of CPU where MLflow's migrations take 1.5 s); MLflow adds
-    its Default experiment when it opens the store. A cache that cannot be written leaves the
-    tables to MLflow."""
+def _writable_template(cache: Path) -> Path | None:
+    """:func:`tables_template` in ``cache``, or None where the cache cannot be written (MLflow
+    then makes the tables, only slower)."""
     try:
-        template = tables_template(cache)
-    except OSError:  # a read-only cache: MLflow makes the tables, only slower
-        return
+        return tables_template(cache)
+    except OSError:
+        return None
+
+
+def copy_tables(template: Path, path: Path) -> None:
+    """Give the new SQLite file ``path`` the tables of ``template`` (:func:`tables_template`)
+    through SQLite's backup API: 0.04 s of CPU where MLflow's migrations take 1.1-1.5 s. MLflow
+    adds its Default experiment when it opens the store."""
     with contextlib.closing(sqlite3.connect(template)) as source, \
             contextlib.closing(sqlite3.connect(path)) as store:
         source.backup(store)
