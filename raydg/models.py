@@ -14,6 +14,7 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +48,55 @@ class FeatureClassifier(nn.Module):
 MODELS: Registry[Callable[[ModelSpec], FeatureClassifier]] = Registry("model")
 
 
+class MaxPool2d(nn.MaxPool2d):
+    """``nn.MaxPool2d`` that pools a CPU batch in channels-last memory, where PyTorch's CPU
+    kernel is vectorised (its NCHW kernel took 5x as long on a small CNN's first pool: a quarter
+    of a training step, ``benchmarks/pool.py``), and hands back NCHW tensors. Its backward is
+    PyTorch's NCHW one with the same indices, so outputs and gradients are ``nn.MaxPool2d``'s
+    bit for bit, ties and NaN included; elsewhere (a GPU) it is ``nn.MaxPool2d``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.device.type != "cpu" or x.dim() != 4 or self.return_indices:
+            return super().forward(x)
+        args = (self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        if not (torch.is_grad_enabled() and x.requires_grad):
+            return torch.nn.functional.max_pool2d(_channels_last(x), *args).contiguous()
+        return _ChannelsLastPool.apply(x, *args)
+
+
+def _channels_last(x: Tensor) -> Tensor:
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+class _ChannelsLastPool(torch.autograd.Function):
+    """Forward: the channels-last kernel's values and indices (positions within each plane,
+    which do not depend on the memory format); backward: PyTorch's NCHW kernel on them."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, *args: Any) -> Tensor:
+        out, indices = torch.ops.aten.max_pool2d_with_indices(_channels_last(x), *args)
+        ctx.save_for_backward(x, indices.contiguous())
+        ctx.args = args
+        return out.contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        x, indices = ctx.saved_tensors
+        grad_x = torch.ops.aten.max_pool2d_with_indices_backward(
+            grad.contiguous(), x, *ctx.args, indices)
+        return (grad_x,) + (None,) * len(ctx.args)
+
+
+def fast_pools(net: nn.Module) -> nn.Module:
+    """``net`` with each ``nn.MaxPool2d`` replaced by :class:`MaxPool2d` (same arguments)."""
+    for name, module in list(net.named_modules()):
+        if type(module) is nn.MaxPool2d:
+            _set_submodule(net, name, MaxPool2d(module.kernel_size, module.stride,
+                                                module.padding, module.dilation,
+                                                module.return_indices, module.ceil_mode))
+    return net
+
+
 def _conv_bn(cin: int, cout: int) -> list[nn.Module]:
     return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
 
@@ -56,7 +106,7 @@ def small_cnn(spec: ModelSpec, width: int = 16) -> FeatureClassifier:
     """Three conv-BN-ReLU blocks, two max-pools, global average pooling (digits)."""
     w = width
     features = nn.Sequential(
-        *_conv_bn(spec.in_channels, w), nn.MaxPool2d(2), *_conv_bn(w, 2 * w), nn.MaxPool2d(2),
+        *_conv_bn(spec.in_channels, w), MaxPool2d(2), *_conv_bn(w, 2 * w), MaxPool2d(2),
         *_conv_bn(2 * w, 4 * w), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
     )
     if spec.weights is not None:
@@ -81,7 +131,7 @@ def mnist_cnn(spec: ModelSpec, batchnorm: bool = False) -> FeatureClassifier:
     def conv(cin: int, cout: int) -> list[nn.Module]:
         norm = [nn.BatchNorm2d(cout)] if batchnorm else []
         return [nn.Conv2d(cin, cout, 5, padding=2, bias=not batchnorm), *norm, nn.ReLU(),
-                nn.MaxPool2d(2)]
+                MaxPool2d(2)]
 
     features = nn.Sequential(
         *conv(spec.in_channels, 32), *conv(32, 64), nn.Flatten(),
@@ -184,7 +234,7 @@ def _torchvision(arch: str) -> Callable[[ModelSpec], FeatureClassifier]:
         import torchvision
 
         kind = TORCHVISION[arch]
-        net = getattr(torchvision.models, arch)(weights=None)
+        net = fast_pools(getattr(torchvision.models, arch)(weights=None))
         if spec.weights is not None and spec.in_channels != 3:
             raise RaydgError(f"pretrained {arch} needs 3-channel images, not "
                              f"{spec.in_channels}; pass --no-pretrained")

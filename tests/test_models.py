@@ -17,6 +17,7 @@ from raydg.methods import METHODS, method_class
 from raydg.methods.base import Method
 from raydg.models import (
     TORCHVISION,
+    MaxPool2d,
     ModelSpec,
     build_model,
     file_state,
@@ -143,6 +144,42 @@ def test_mnist_cnn_bn_puts_a_batchnorm_after_each_conv_in_place_of_its_bias():
     assert sum(p.numel() for p in model.parameters()) == plain - 32 - 64 + 2 * (32 + 64)
     assert has_batchnorm("mnist-cnn-bn") and not has_batchnorm("mnist-cnn")
     assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+
+
+POOLS = [(2, None, 0, 1, False), (3, 2, 1, 1, False), (2, 2, 0, 1, True), (3, 2, 0, 1, True),
+         (2, 1, 0, 1, False), (3, 3, 1, 2, False)]  # kernel, stride, padding, dilation, ceil
+
+
+@pytest.mark.parametrize("pool", POOLS)
+def test_raydgs_max_pool_is_torchs_bit_for_bit_ties_and_nan_included(pool):
+    """Inputs of few values (ties everywhere), with NaN or inf and -0.0: the output, the
+    gradient and the no-grad output of MaxPool2d equal nn.MaxPool2d's exactly, in NCHW."""
+    gen = torch.Generator().manual_seed(0)
+    for shape in [(4, 3, 9, 9), (2, 5, 16, 16), (3, 1, 7, 8)]:
+        for special in (float("nan"), float("inf")):
+            x = torch.randint(-2, 3, shape, generator=gen).float()
+            x[x == 2], x[x == -2] = special, -0.0
+            ref, ours = nn.MaxPool2d(*pool[:4], ceil_mode=pool[4]), MaxPool2d(*pool[:4],
+                                                                             ceil_mode=pool[4])
+            a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+            out_a, out_b = ref(a), ours(b)
+            grad = torch.randn(out_a.shape, generator=gen)
+            out_a.backward(grad)
+            out_b.backward(grad)
+            with torch.no_grad():
+                out_c = ours(x)
+            for out in (out_b, out_c):
+                assert out.is_contiguous() and torch.equal(out.isnan(), out_a.isnan())
+                assert torch.equal(out.nan_to_num(), out_a.nan_to_num())
+                assert torch.equal(out.signbit(), out_a.signbit())
+            assert b.grad.is_contiguous() and torch.equal(a.grad, b.grad)
+
+
+def test_every_backbones_max_pools_are_raydgs():
+    for name in ("cnn", "mnist-cnn", "resnet18", "alexnet", "densenet121"):
+        pools = [m for m in build_model(ModelSpec(name, 3, 7, 32)).modules()
+                 if isinstance(m, nn.MaxPool2d)]
+        assert pools and all(type(m) is MaxPool2d for m in pools), name
 
 
 # The torchvision backbones: each built as torchvision builds it, less its ImageNet head.
