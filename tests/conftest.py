@@ -1,4 +1,5 @@
-"""Shared fixtures. Ray is started once per test module that needs it, and always shut down."""
+"""Shared fixtures. A local Ray is started for a test module that needs it, kept for the next
+module that needs it too, and always shut down."""
 
 from __future__ import annotations
 
@@ -59,9 +60,12 @@ LONGEST_FIRST = ("test_faults.py", "test_cluster.py", "test_stress.py", "test_re
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first (:data:`LONGEST_FIRST`); the rest as collected."""
+    """The longest files first (:data:`LONGEST_FIRST`); then the files that use
+    :func:`ray_session`, which each worker's next such file takes over; the rest as
+    collected."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    on_ray = {item.path for item in items if "ray_session" in item.fixturenames}
+    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), item.path not in on_ray))
 
 
 def load_benchmark(name: str) -> ModuleType:
@@ -127,11 +131,47 @@ def start_local_ray() -> None:
                  log_to_driver=False)
 
 
+class SuiteRay:
+    """The Ray that :func:`ray_session` started in this test process (its GCS address) and the
+    module now using it."""
+
+    address: str | None = None
+    module: str | None = None
+
+
+def end_suite_ray() -> None:
+    if SuiteRay.address is not None and ray.is_initialized():
+        ray.shutdown()
+    SuiteRay.address = SuiteRay.module = None
+
+
 @pytest.fixture(scope="module")
-def ray_session():
-    start_local_ray()
+def ray_session(request):
+    """A fresh local Ray (:func:`start_local_ray`) for the module, as if started for it alone:
+    the one the previous module used if that module asked for it too and left it as it was,
+    since starting and stopping one costs seconds of CPU. It ends before the first test of a
+    module that does not ask for it (:func:`pytest_runtest_setup`) and with the session."""
+    if ray.is_initialized() and ray.get_runtime_context().gcs_address != SuiteRay.address:
+        pytest.fail("a test left a Ray of its own running")
+    if not ray.is_initialized():
+        start_local_ray()
+        SuiteRay.address = ray.get_runtime_context().gcs_address
+    SuiteRay.module = request.module.__name__
     yield
-    ray.shutdown()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before a test of a module that has not asked for :func:`ray_session` (yet): no Ray in
+    this process, as before any module's first use of it."""
+    if "ray_session" not in item.fixturenames and SuiteRay.module != item.module.__name__:
+        end_suite_ray()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _end_suite_ray():
+    yield
+    end_suite_ray()
 
 
 @pytest.fixture(scope="module")
