@@ -51,12 +51,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 EXIT_STATUS = pytest.StashKey[int]()
 
-# The suite's workers (pytest-xdist, ``--dist loadfile``) take one file at a time. The longest
-# files (measured 2026-11-29 on 2 cores) go first, so that the workers finish together rather
-# than one waiting on the last long file; the order changes no result.
-LONGEST_FIRST = ("test_faults.py", "test_cluster.py", "test_stress.py", "test_report.py",
-                 "test_conformance.py", "test_api.py", "test_models.py", "test_engine.py",
-                 "test_trials.py", "test_docs.py", "test_wheel.py", "test_cli.py")
+# The suite's workers (pytest-xdist, ``--dist loadfile``) take one file at a time, in the order
+# collected (``--no-loadscope-reorder``: xdist would otherwise put the files of most tests
+# first, and the two tests of test_stress.py, the longest file, last). The longest files
+# (measured 2026-11-30 on 2 cores) go first, so that the workers finish together rather than one
+# waiting on the last long file; the order changes no result.
+LONGEST_FIRST = ("test_stress.py", "test_faults.py", "test_cluster.py", "test_report.py",
+                 "test_conformance.py", "test_api.py", "test_models.py", "test_trials.py",
+                 "test_docs.py", "test_cli.py", "test_wheel.py", "test_plugins.py",
+                 "test_forked.py", "test_conformance_checkpoints.py", "test_slurm.py",
+                 "test_autoscaling.py", "test_conformance_compositions.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
