@@ -151,10 +151,10 @@ def end_suite_ray() -> None:
 
 @pytest.fixture(scope="module")
 def ray_session(request):
-    """A fresh local Ray (:func:`start_local_ray`) for the module, as if started for it alone:
-    the one the previous module used if that module asked for it too and left it as it was,
-    since starting and stopping one costs seconds of CPU. It ends before the first test of a
-    module that does not ask for it (:func:`pytest_runtest_setup`) and with the session."""
+    """The test process's local Ray (:func:`start_local_ray`): started for the first module
+    that asks for it and handed on to the next module that asks (starting and stopping one
+    costs seconds of CPU); ended before the first test of a module that has not asked for it
+    (:func:`pytest_runtest_setup`), and with the session."""
     if ray.is_initialized() and ray.get_runtime_context().gcs_address != SuiteRay.address:
         pytest.fail("a test left a Ray of its own running")
     if not ray.is_initialized():

@@ -18,12 +18,13 @@ from raydg.planning import plan_experiment
 from raydg.results import timing_free
 from raydg.trials.tuner import _root_cause
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+pytestmark = pytest.mark.usefixtures("ray_with_a_gpu")
 
 
 @pytest.fixture(scope="module")
-def ray_session():
-    """2 CPUs and one GPU that Ray schedules but torch cannot see (a failing trial's cause)."""
+def ray_with_a_gpu():
+    """This module's own local Ray (not the suite's ``ray_session``): 2 CPUs and one GPU that
+    Ray schedules but torch cannot see (a failing trial's cause)."""
     ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
              logging_level="ERROR", log_to_driver=False)
     yield

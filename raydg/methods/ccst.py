@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from raydg.errors import RaydgError
 from raydg.methods import ClientContext, Method, Server, register
-from raydg.models import file_state
+from raydg.models import MaxPool2d, file_state
 from raydg.partition import ClientData
 
 Stylize = Callable[[np.ndarray, list[np.ndarray]], list[np.ndarray]]
@@ -93,7 +93,7 @@ def _convs(channels: int, spec: list[int | str]) -> list[nn.Module]:
     layers: list[nn.Module] = []
     for item in spec:
         if item == "M":
-            layers.append(nn.MaxPool2d(2, 2, ceil_mode=True))
+            layers.append(MaxPool2d(2, 2, ceil_mode=True))
         elif item == "U":
             layers.append(nn.Upsample(scale_factor=2, mode="nearest"))
         else:
