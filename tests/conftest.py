@@ -3,11 +3,13 @@ module that needs it too, and always shut down."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -115,6 +117,20 @@ def wait_for_head(head: subprocess.Popen) -> None:
         if "Ray runtime started" in line:
             break
     assert head.poll() is None, "".join(started)[-3000:]
+
+
+def stop_ray_start(node: subprocess.Popen, timeout: float = 60) -> None:
+    """End a ``ray start --block`` process that a test started: SIGTERM to it alone, so that it
+    drains its node while the GCS still answers (SIGTERM to its whole process group ends a
+    head's GCS too, and the head then waits out Ray's 30 s drain timeout), then SIGKILL to what
+    is left of its group if it leads one (never ``ray stop``: other Rays run here)."""
+    node.terminate()
+    try:
+        node.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        node.kill()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(node.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session", autouse=True)

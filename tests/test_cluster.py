@@ -3,7 +3,8 @@ federations on both nodes with single-node results, and jobs submitted with jobs
 jobs/smoke.sh to a local head finish, log to MLflow and back its store up.
 
 Each test starts and stops its own Ray processes (never ``ray stop``): the cluster with
-``Cluster.shutdown()``, the ``ray start --block`` head with SIGTERM.
+``Cluster.shutdown()``, a ``ray start --block`` node with SIGTERM to it alone
+(:func:`tests.conftest.stop_ray_start`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +26,12 @@ from ray.cluster_utils import Cluster
 from raydg.config import RunConfig
 from raydg.experiment import run_experiment
 from raydg.tracking.backup import restore
-from tests.conftest import assert_same_as_on_a_local_ray, free_ports, wait_for_head
+from tests.conftest import (
+    assert_same_as_on_a_local_ray,
+    free_ports,
+    stop_ray_start,
+    wait_for_head,
+)
 
 pytestmark = pytest.mark.slow  # the quick loop (-m "not slow") leaves it out
 
@@ -160,8 +165,7 @@ def test_jobs_submitted_to_a_local_head_log_to_mlflow_back_it_up_and_pass_the_sm
                                   address, "--wait"],
                                  env=env, capture_output=True, text=True, timeout=300)
     finally:
-        head.terminate()
-        head.wait(timeout=60)
+        stop_ray_start(head)
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-3000:]
     assert "succeeded" in job.stderr
@@ -246,8 +250,7 @@ def test_a_cluster_started_by_cluster_yaml_takes_only_what_carries_its_token(tmp
                                 capture_output=True, text=True, timeout=180)
     finally:
         for node in reversed(nodes):
-            os.killpg(node.pid, signal.SIGTERM)
-            node.wait(timeout=60)
+            stop_ray_start(node)
         shutil.rmtree(temp_dir, ignore_errors=True)
     ran = [line for line in job.stdout.splitlines() if "the-job-ran" in line]
     print(f"worker joined: {joined.stdout.strip()} nodes alive; job with the token: {ran}; "
@@ -290,8 +293,7 @@ def test_ray_job_stop_leaves_killed_runs_with_their_rounds_and_a_backup(tmp_path
         logs.wait(timeout=60)
         tail = logs.stdout.read()
     finally:
-        head.terminate()
-        head.wait(timeout=60)
+        stop_ray_start(head)
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert any("round 3/500" in line for line in seen), "".join(seen)[-2000:]
     assert stop.returncode == 0 and "was stopped" in status.stdout, stop.stderr

@@ -28,7 +28,7 @@ from raydg.config_files import MAX_YAML_BYTES, MAX_YAML_VALUES, load_yaml
 from raydg.datasets import load_dataset
 from raydg.errors import RaydgError
 from raydg.resolve import resolve
-from tests.conftest import free_ports, wait_for_head
+from tests.conftest import free_ports, stop_ray_start, wait_for_head
 
 SCREEN_LINE = 200  # characters: what an error line may take
 
@@ -288,21 +288,9 @@ def token_head(home: Path, temp_dir: str, token: str) -> tuple[subprocess.Popen,
     try:
         wait_for_head(head)
     except BaseException:
-        stop(head)
+        stop_ray_start(head, timeout=30)
         raise
     return head, ports["port"]
-
-
-def stop(head: subprocess.Popen) -> None:
-    """SIGTERM to the head, which stops the processes it started; their group is killed if
-    anything is left (never ``ray stop``: other Rays run on this machine)."""
-    head.terminate()
-    try:
-        head.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        head.kill()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(head.pid, signal.SIGKILL)
 
 
 @pytest.mark.slow
@@ -333,5 +321,5 @@ def test_joining_a_token_protected_cluster_without_its_token_is_one_line(tmp_pat
             assert "RAY_AUTH_TOKEN" in lines[0] and "ray get-auth-token" in lines[0]
             assert seconds < 30  # Ray's own client retries for 20 s first
     finally:
-        stop(head)
+        stop_ray_start(head, timeout=30)
         temp_dir.cleanup()
