@@ -53,10 +53,11 @@ class MaxPool2d(nn.MaxPool2d):
     kernel is vectorised (its NCHW kernel took 5x as long on a small CNN's first pool: a quarter
     of a training step, ``benchmarks/pool.py``), and hands back NCHW tensors. Its backward is
     PyTorch's NCHW one with the same indices, so outputs and gradients are ``nn.MaxPool2d``'s
-    bit for bit, ties and NaN included; elsewhere (a GPU) it is ``nn.MaxPool2d``."""
+    bit for bit, ties and NaN included; elsewhere (a GPU, an input not in NCHW) it is
+    ``nn.MaxPool2d``."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.device.type != "cpu" or x.dim() != 4 or self.return_indices:
+        if x.device.type != "cpu" or x.dim() != 4 or not x.is_contiguous() or self.return_indices:
             return super().forward(x)
         args = (self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
         if not (torch.is_grad_enabled() and x.requires_grad):

@@ -153,7 +153,8 @@ POOLS = [(2, None, 0, 1, False), (3, 2, 1, 1, False), (2, 2, 0, 1, True), (3, 2,
 @pytest.mark.parametrize("pool", POOLS)
 def test_raydgs_max_pool_is_torchs_bit_for_bit_ties_and_nan_included(pool):
     """Inputs of few values (ties everywhere), with NaN or inf and -0.0: the output, the
-    gradient and the no-grad output of MaxPool2d equal nn.MaxPool2d's exactly, in NCHW."""
+    gradient and the no-grad output of MaxPool2d (and its output for a channels-last input)
+    equal nn.MaxPool2d's exactly, in NCHW."""
     gen = torch.Generator().manual_seed(0)
     for shape in [(4, 3, 9, 9), (2, 5, 16, 16), (3, 1, 7, 8)]:
         for special in (float("nan"), float("inf")):
@@ -168,7 +169,8 @@ def test_raydgs_max_pool_is_torchs_bit_for_bit_ties_and_nan_included(pool):
             out_b.backward(grad)
             with torch.no_grad():
                 out_c = ours(x)
-            for out in (out_b, out_c):
+                out_d = ours(x.contiguous(memory_format=torch.channels_last)).contiguous()
+            for out in (out_b, out_c, out_d):
                 assert out.is_contiguous() and torch.equal(out.isnan(), out_a.isnan())
                 assert torch.equal(out.nan_to_num(), out_a.nan_to_num())
                 assert torch.equal(out.signbit(), out_a.signbit())
