@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from raydg.models import MODELS, MaxPool2d, ModelSpec
+from raydg.models import MODELS, MaxPool2d, ModelSpec, pools_as
 from raydg.optim import SGD
 
 MODELS_RUN = (("cnn", 3, 16), ("cnn", 3, 32), ("mnist-cnn", 1, 28))
@@ -38,24 +38,13 @@ def seconds(step: Callable[[], object], n: int) -> float:
     return (time.perf_counter() - start) / n
 
 
-def plain_pools(net: nn.Module) -> nn.Module:
-    """``net`` with each :class:`MaxPool2d` put back to ``nn.MaxPool2d``."""
-    for name, module in list(net.named_modules()):
-        if isinstance(module, MaxPool2d):
-            parent, _, attr = name.rpartition(".")
-            setattr(net.get_submodule(parent), attr, nn.MaxPool2d(
-                module.kernel_size, module.stride, module.padding, module.dilation,
-                module.return_indices, module.ceil_mode))
-    return net
-
-
 def trainer(name: str, channels: int, size: int, plain: bool
             ) -> tuple[Callable[[], object], nn.Module]:
     """One SGD step of ``name`` on a fixed random batch, and the model it trains."""
     torch.manual_seed(0)
     model = MODELS.get(name)(ModelSpec(name, channels, 10, size))
     if plain:
-        plain_pools(model)
+        pools_as(model, nn.MaxPool2d)
     opt = SGD(model.parameters(), 0.05, 0.5)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(BATCH, channels, size, size, generator=gen)

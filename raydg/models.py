@@ -88,13 +88,14 @@ class _ChannelsLastPool(torch.autograd.Function):
         return (grad_x,) + (None,) * len(ctx.args)
 
 
-def fast_pools(net: nn.Module) -> nn.Module:
-    """``net`` with each ``nn.MaxPool2d`` replaced by :class:`MaxPool2d` (same arguments)."""
+def pools_as(net: nn.Module, kind: type[nn.MaxPool2d] = MaxPool2d) -> nn.Module:
+    """``net`` with each max-pool of another class replaced by one of ``kind`` (a subclass of
+    ``nn.MaxPool2d``, or that class itself) with the same arguments."""
     for name, module in list(net.named_modules()):
-        if type(module) is nn.MaxPool2d:
-            _set_submodule(net, name, MaxPool2d(module.kernel_size, module.stride,
-                                                module.padding, module.dilation,
-                                                module.return_indices, module.ceil_mode))
+        if isinstance(module, nn.MaxPool2d) and type(module) is not kind:
+            _set_submodule(net, name, kind(module.kernel_size, module.stride, module.padding,
+                                           module.dilation, module.return_indices,
+                                           module.ceil_mode))
     return net
 
 
@@ -235,7 +236,7 @@ def _torchvision(arch: str) -> Callable[[ModelSpec], FeatureClassifier]:
         import torchvision
 
         kind = TORCHVISION[arch]
-        net = fast_pools(getattr(torchvision.models, arch)(weights=None))
+        net = pools_as(getattr(torchvision.models, arch)(weights=None))
         if spec.weights is not None and spec.in_channels != 3:
             raise RaydgError(f"pretrained {arch} needs 3-channel images, not "
                              f"{spec.in_channels}; pass --no-pretrained")
