@@ -226,7 +226,10 @@ def test_a_cluster_started_by_cluster_yaml_takes_only_what_carries_its_token(tmp
     temp_dir = tempfile.mkdtemp(prefix="raydg-tok-", dir="/tmp")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "RAYDG_"))}
     node_env = {**env, "HOME": str(home), "RAY_HEAD_IP": "127.0.0.1"}
-    nodes = []
+    address, jobs = f"127.0.0.1:{ports['port']}", f"http://127.0.0.1:{ports['dashboard']}"
+    count = (f"import ray; ray.init(address='{address}', logging_level='ERROR'); "
+             "print(sum(n['Alive'] for n in ray.nodes()))")
+    nodes, driver = [], None
     try:
         for key, head in (("head_start_ray_commands", True), ("worker_start_ray_commands",
                                                                False)):
@@ -236,9 +239,11 @@ def test_a_cluster_started_by_cluster_yaml_takes_only_what_carries_its_token(tmp
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                 start_new_session=True))
             wait_for_head(nodes[-1])
-        address, jobs = f"127.0.0.1:{ports['port']}", f"http://127.0.0.1:{ports['dashboard']}"
-        count = (f"import ray; ray.init(address='{address}', logging_level='ERROR'); "
-                 "print(sum(n['Alive'] for n in ray.nodes()))")
+            if head:  # the driver without the token, as soon as it can try: Ray retries for
+                # some 20 s before it gives up
+                driver = subprocess.Popen([sys.executable, "-c", count],
+                                          env={**env, "HOME": str(bare)}, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         with_token = {**env, "HOME": str(home), "RAY_AUTH_MODE": "token"}
         joined = subprocess.run([sys.executable, "-c", count], env=with_token,
                                 capture_output=True, text=True, timeout=120)
@@ -246,20 +251,21 @@ def test_a_cluster_started_by_cluster_yaml_takes_only_what_carries_its_token(tmp
                               "echo", "the-job-ran"], env=with_token, capture_output=True,
                              text=True, timeout=180)
         anonymous = requests.get(f"{jobs}/api/jobs/", timeout=30)
-        driver = subprocess.run([sys.executable, "-c", count], env={**env, "HOME": str(bare)},
-                                capture_output=True, text=True, timeout=180)
+        driver_out, driver_err = driver.communicate(timeout=180)
     finally:
+        if driver is not None and driver.poll() is None:
+            driver.kill()
         for node in reversed(nodes):
             stop_ray_start(node)
         shutil.rmtree(temp_dir, ignore_errors=True)
     ran = [line for line in job.stdout.splitlines() if "the-job-ran" in line]
     print(f"worker joined: {joined.stdout.strip()} nodes alive; job with the token: {ran}; "
           f"request without it: HTTP {anonymous.status_code}; driver without it: exit "
-          f"{driver.returncode}, {(driver.stderr.strip().splitlines() or [''])[-1][:160]}")
+          f"{driver.returncode}, {(driver_err.strip().splitlines() or [''])[-1][:160]}")
     assert joined.returncode == 0 and joined.stdout.strip() == "2", joined.stderr[-2000:]
     assert job.returncode == 0 and "the-job-ran" in job.stdout, job.stdout + job.stderr
     assert anonymous.status_code == 401
-    assert driver.returncode != 0 and driver.stdout.strip() == ""
+    assert driver.returncode != 0 and driver_out.strip() == ""
 
 
 def test_ray_job_stop_leaves_killed_runs_with_their_rounds_and_a_backup(tmp_path):

@@ -11,6 +11,9 @@ from raydg import config as config_mod
 from raydg.cli.options import CONTEXT, EXAMPLES, GroupedCommand, run_options
 from raydg.config_files import load_yaml
 from raydg.errors import EmptyResult, RaydgError
+from raydg.startup import preload
+
+EXPERIMENT_MODULES = ("raydg.experiment", "mlflow")  # what an experiment's process runs on
 
 
 def _progress(quiet: bool) -> str:
@@ -22,8 +25,6 @@ def _progress(quiet: bool) -> str:
 def _experiment(config_file: str | None, given: dict[str, Any], sets: tuple[str, ...],
                 grid: tuple[str, ...], need_search: bool, quiet: bool) -> None:
     """Config file < command-line options < ``--set``; the file's search and ``--grid``."""
-    from raydg import api
-
     cfg, search = config_mod.RunConfig(), config_mod.Search()
     if config_file:
         values, search = config_mod.split_search(load_yaml(config_file))
@@ -35,6 +36,9 @@ def _experiment(config_file: str | None, given: dict[str, Any], sets: tuple[str,
     if need_search and not search:
         raise RaydgError(f"sweep file {config_file!r} defines no grid and no random search "
                          "(keys 'grid' and 'random'); use raydg run for a single setting")
+    preload(*EXPERIMENT_MODULES)
+    from raydg import api
+
     api.run(config=cfg, search=search, out=click.echo, progress=_progress(quiet))
 
 
@@ -84,11 +88,12 @@ def resume(target: str | None, tracking_uri: str | None, address: str | None,
     it stops) or its MLflow parent run id. Finished federations are kept, the others continue
     from their last checkpoints, into the same MLflow run. Without TARGET: list the
     experiments under the storage ($RAYDG_STORAGE or ./raydg-results) that can continue."""
-    from raydg import api
-
     if target is None:
         _list_unfinished()
         return
+    preload(*EXPERIMENT_MODULES)
+    from raydg import api
+
     api.resume(target, tracking_uri=tracking_uri, address=address, out=click.echo,
                progress=_progress(quiet))
 

@@ -22,21 +22,25 @@ from typing import Any
 
 import numpy as np
 import ray
-import torch
-import torch.nn.functional as F
-from torch import nn
 
-from raydg import seeding
-from raydg import state as st
-from raydg.checkpoint import register_dataclass
-from raydg.config import RunConfig
-from raydg.datasets import to_inputs
-from raydg.engine import health
-from raydg.errors import RaydgError
-from raydg.methods import ClientContext, Method, Upload
-from raydg.models import ModelSpec
-from raydg.partition import ClientData
-from raydg.transforms import augment_batch, make_transform
+from raydg.startup import heavy_imports
+
+with heavy_imports():  # a client actor's first import: torch and the engine (raydg.startup)
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from raydg import seeding
+    from raydg import state as st
+    from raydg.checkpoint import register_dataclass
+    from raydg.config import RunConfig
+    from raydg.datasets import to_inputs
+    from raydg.engine import health
+    from raydg.errors import RaydgError
+    from raydg.methods import ClientContext, Method, Upload
+    from raydg.models import ModelSpec
+    from raydg.partition import ClientData
+    from raydg.transforms import augment_batch, make_transform
 
 
 def where(device: torch.device | str = "cpu") -> dict[str, Any]:

@@ -21,6 +21,7 @@ from ray import tune
 from raydg import checkpoint
 from raydg.datasets import MultiDomainDataset
 from raydg.plan import Federation
+from raydg.startup import heavy_imports
 
 FEDERATION = "federation"  # the trainable's name and its key in each trial's config
 
@@ -84,8 +85,9 @@ def federation(config: dict[str, Any], data: MultiDomainDataset,
     checkpoint (:mod:`raydg.checkpoint`). The last report has no row: its checkpoint is the
     result, written by :meth:`FederationResult.save`. ``weights`` are the experiment's initial
     backbones (:func:`~raydg.pretrain.starting_weights`)."""
-    from raydg.engine.simulation import Simulation
-    from raydg.methods import build
+    with heavy_imports():  # the trial actor's torch and engine (raydg.startup)
+        from raydg.engine.simulation import Simulation
+        from raydg.methods import build
 
     logging.getLogger("ray.train").setLevel(logging.WARNING)  # no line per checkpoint
     fed = Federation.from_trial(config[FEDERATION])
