@@ -6,14 +6,14 @@ on, its collections walk them again and again while they are made, and every ful
 afterwards (one more at a normal exit) walks them all. ``gc.freeze()`` moves them to the
 permanent generation, which no collection walks. Measured here (``raydg run digits-style
 --rounds 2``, two runs before and after, alternated, BSD process accounting, 2026-11-30): each
-client and trial actor 0.2-0.4 s less CPU, the experiment's process 1.3 s, the run 18.2 -> 15.3
-s of CPU, the same results. Frozen
-objects are never collected, so the freeze is made once, by the block that imports the heavy
-modules (again: nothing new imported, nothing frozen), and only in a process of raydg's own: a
-Ray worker, or the ``raydg`` command (:func:`preload`). What such a process holds then lives as
-long as it: modules, classes, functions, and the imports' own cyclic garbage, which stays
-(9,435 of the 582,172 objects that importing torch, Ray Tune and MLflow leaves). A user's
-process (a notebook that imports the engine) has its imports paused, never its objects frozen."""
+client and trial actor 0.2-0.4 s less CPU, the experiment's process 1.3 s, the run 18.2 ->
+15.3 s of CPU, the same results. Frozen objects are never collected, so the freeze is made once, by
+the block that imports the heavy modules (again: nothing new imported, nothing frozen), and
+only in a process of raydg's own: a Ray worker, or the ``raydg`` command (:func:`preload`).
+What such a process holds then lives as long as it: modules, classes, functions, and the
+imports' own cyclic garbage, which stays (9,435 of the 582,172 objects that importing torch,
+Ray Tune and MLflow leaves). A user's process (a notebook that imports the engine) has its
+imports paused, never its objects frozen."""
 
 from __future__ import annotations
 
