@@ -143,12 +143,13 @@ def _storage(tmp_path_factory):
         yield
 
 
-def start_local_ray() -> None:
-    """A fresh 2-CPU Ray of this machine with only the processes raydg uses
-    (:func:`raydg.cluster.lean`: seconds less to start and to stop than Ray's own set)."""
+def start_local_ray(num_gpus: int = 0) -> None:
+    """A fresh 2-CPU Ray of this machine (with ``num_gpus`` GPUs for Ray to schedule) with only
+    the processes raydg uses (:func:`raydg.cluster.lean`: seconds less to start and to stop
+    than Ray's own set)."""
     with lean():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=False)
+        ray.init(address="local", num_cpus=2, num_gpus=num_gpus, include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False)
 
 
 class SuiteRay:

@@ -17,6 +17,7 @@ from raydg.experiment import run_experiment
 from raydg.planning import plan_experiment
 from raydg.results import timing_free
 from raydg.trials.tuner import _root_cause
+from tests.conftest import start_local_ray
 
 pytestmark = pytest.mark.usefixtures("ray_with_a_gpu")
 
@@ -25,8 +26,7 @@ pytestmark = pytest.mark.usefixtures("ray_with_a_gpu")
 def ray_with_a_gpu():
     """This module's own local Ray (not the suite's ``ray_session``): 2 CPUs and one GPU that
     Ray schedules but torch cannot see (a failing trial's cause)."""
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
-             logging_level="ERROR", log_to_driver=False)
+    start_local_ray(num_gpus=1)
     yield
     ray.shutdown()
 
