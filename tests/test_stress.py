@@ -4,9 +4,9 @@ short version of ``benchmarks/stress.py``, whose docstring gives the criteria an
 The same run holds FedFD and FedFD-A at their paper's CAFL sum, which must fail it: the test
 can tell a method that explodes from one that trains.
 
-Why 6 rounds and 3 seeds (measured 2026-11-30): at 4 rounds FedSR, whose loss falls every
-round, ends 1.45 points under the bar; at 6 rounds the closest method (FedSR) clears it by 6.4
-points with the three seeds and by 4.1 with the worst two of them."""
+Why 6 rounds and 3 seeds (docs/stress.md, family 0's 6- and 4-round sections): at 4 rounds
+FedSR, whose loss falls every round, ends 1.5 points under the bar; at 6 rounds the closest
+method (FedSR) clears it by 6.4 points with the three seeds and by 4.1 with the worst two."""
 
 from __future__ import annotations
 
