@@ -25,8 +25,8 @@ seeds' spread, and FedSR missed it by 0.6 points with its loss falling every rou
 2.29). So 32 px runs 30 rounds (``--rounds 30``); the 10-round rows stay on the page, labelled
 by their rounds.
 
-Family 0's flat target at 16 px also has 6 and 4 rounds: the CI test's setting, and the
-least one below it, where FedSR (its loss falling every round) misses the bar.
+Family 0's flat target at 16 px also has 6 and 4 rounds: the CI test's setting, and a shorter
+one where FedSR (its loss falling every round) misses the bar.
 
 The rows (one per federation) go to ``docs/stress-rows.csv``; ``page`` writes
 ``docs/stress.md`` from them alone. ``tests/test_stress.py`` runs the short version in CI
